@@ -1,0 +1,80 @@
+"""Models for the parity suite, built offline and deterministically, cached between runs."""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+from xenc_lab import Scorer
+from xenc_lab.zoo import cache_dir, minilm_cross_encoder
+
+from .report import ParityRecorder
+
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=25)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+REPORT = Path(__file__).resolve().parent.parent / "reports" / "parity.md"
+ROOT = cache_dir() / "parity"
+
+
+def _zoo(name: str) -> Path:
+    from . import zoo
+
+    return zoo.build_model(name, ROOT)
+
+
+# name in reports -> builder of the checkpoint directory
+MODELS = {
+    "minilm-l6 (real weights)": lambda: minilm_cross_encoder(ROOT),
+    # BERT_ZOO
+}
+ARCHS = list(MODELS)
+
+
+@functools.cache
+def model_dir(arch: str) -> Path:
+    return MODELS[arch]()
+
+
+@functools.cache
+def scorer(arch: str, **kwargs) -> Scorer:
+    return Scorer(model_dir(arch), device="cpu", **kwargs)
+
+
+@functools.cache
+def oracle(arch: str, max_length: int | None = None):
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(model_dir(arch)), device="cpu", max_length=max_length)
+
+
+RECORDER = ParityRecorder()
+
+
+@pytest.fixture(scope="session")
+def recorder() -> ParityRecorder:
+    return RECORDER
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if any(True for _ in RECORDER.rows()):
+        RECORDER.write(REPORT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads():
+    # Both engines share the same thread budget; restore whatever the caller had.
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,57 @@
+"""hypothesis strategies for the texts researchers actually throw at a reranker, and the ones that break tokenizers."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+WORDS = (
+    "the of and to in is was for on that with as by at from his an were are which this be or had not but "
+    "what all when we there can been has more if no out do so up said about than into them only could new "
+    "time some these two may first then other like over such our its people also years most after state "
+    "river mountain protein gene market court election planet ocean algorithm database reranker passage query "
+    "everest python language climate vaccine theorem museum recipe battery satellite"
+).split()
+
+ODD = [
+    "",
+    " ",
+    "   \t\n ",
+    "\u00a0\u2009\u3000",  # no-break, thin and ideographic spaces
+    "café naïve résumé Ångström",
+    "e\u0301 a\u0300 o\u0308 n\u0303",  # combining marks
+    "Z\u0351\u036b\u0343a\u0310\u0327l\u036a\u0314g\u0309o",  # stacked combining marks
+    "日本語のテキストと漢字",
+    "中文搜索引擎重排序",
+    "한국어 문장입니다",
+    "مرحبا بالعالم، كيف حالك؟",
+    "שלום עולם",
+    "\u202eevil right-to-left override\u202c",
+    "👩\u200d👩\u200d👧\u200d👦 family",
+    "🏳\ufe0f\u200d🌈 flag 👍🏽 thumbs",
+    "\x00\x01\x07\x1b[31mred\x1b[0m\x7f",
+    "[SEP]",
+    "[CLS] [SEP] [PAD] [MASK] [UNK]",
+    "</s>",
+    "<s> </s> <pad> <mask> <unk>",
+    "<|endoftext|> <|im_start|>",
+    "▁metaspace ▁look▁alike",
+    "Ġbyte Ċlevel",
+    "##wordpiece ##suffix",
+    "http://example.com/a.png",
+    "C:\\\\path\\\\to\\\\file.jpg",
+    "1,234.56 3.14e-10 0x1F",
+]
+
+word = st.sampled_from(WORDS)
+piece = st.one_of(
+    word,
+    st.sampled_from(ODD),
+    st.text(min_size=1, max_size=12),  # arbitrary unicode, control characters included
+)
+short_text = st.lists(piece, max_size=12).map(" ".join)
+long_text = st.lists(word, min_size=60, max_size=700).map(" ".join)  # past the position limit of the tiny models
+text = st.one_of(short_text, short_text, long_text, st.sampled_from(ODD))
+pair = st.tuples(text, text)
+pairs = st.lists(pair, min_size=1, max_size=6)
+
+# A mixed bag for batch-composition properties: short and long pairs together.
+mixed_pairs = st.lists(st.tuples(st.one_of(short_text, long_text), st.one_of(short_text, long_text)), min_size=2, max_size=12)

@@ -1,0 +1,86 @@
+"""Stage 3: pack one planned batch into the flat tensors the model runs on. One host->device copy."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .pages import pages_for
+from .tokenize import Encodings
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    """B pairs laid end to end as one token stream of T tokens (T a whole number of pages).
+
+    Tokens past the last pair (the filler of the last page) belong to no pair. For attention, which runs
+    per pair, ``pad_index`` lays the stream out as (B, L) and ``unpad_index`` takes it back.
+    """
+
+    input_ids: torch.Tensor  # (T,) int64
+    token_type_ids: torch.Tensor | None  # (T,) int64
+    positions: torch.Tensor  # (T,) int64, 0-based within each pair
+    cu_seqlens: torch.Tensor  # (B + 1,) int32, pair b is tokens cu_seqlens[b]:cu_seqlens[b + 1]
+    seq_lens: torch.Tensor  # (B,) int64
+    max_seqlen: int  # L: longest pair, rounded up to a whole page
+    pad_index: torch.Tensor  # (B * L,) int64, the stream token at each (pair, slot); slots past a pair repeat its first token
+    unpad_index: torch.Tensor  # (T,) int64, the (pair, slot) of each stream token; filler tokens point at slot 0
+    key_mask: torch.Tensor  # (B, 1, 1, L) bool, True where the slot holds one of the pair's tokens
+    pairs: np.ndarray  # (B,) which input pair each sequence is
+    num_tokens: int  # real tokens, without the filler
+
+    @property
+    def first_index(self) -> torch.Tensor:
+        """(B,) the stream index of each pair's first token ([CLS] / <s>)."""
+        return self.cu_seqlens[:-1].long()
+
+    def to(self, device: torch.device) -> "PackedBatch":
+        moved = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            moved[name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        return PackedBatch(**moved)
+
+
+def pack(enc: Encodings, pairs: np.ndarray, page_size: int, pad_token_id: int = 0) -> PackedBatch:
+    lens = enc.lengths[pairs]
+    n_real = int(lens.sum())
+    total = pages_for(n_real, page_size) * page_size
+    seq_len = pages_for(int(lens.max()), page_size) * page_size
+    starts = np.zeros(len(pairs) + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+
+    # Gather each pair's ids from the flat encodings in one vectorised step.
+    src_starts = enc.offsets[pairs]
+    within = np.arange(n_real, dtype=np.int64) - np.repeat(starts[:-1], lens)
+    src = np.repeat(src_starts, lens) + within
+    input_ids = np.full(total, pad_token_id, dtype=np.int64)
+    input_ids[:n_real] = enc.ids[src]
+    positions = np.zeros(total, dtype=np.int64)
+    positions[:n_real] = within
+    token_type_ids = None
+    if enc.type_ids is not None:
+        token_type_ids = np.zeros(total, dtype=np.int64)
+        token_type_ids[:n_real] = enc.type_ids[src]
+
+    slot = np.arange(seq_len, dtype=np.int64)
+    valid = slot[None, :] < lens[:, None]  # (B, L)
+    pad_index = np.where(valid, starts[:-1, None] + slot[None, :], starts[:-1, None])
+    seq_of_token = np.repeat(np.arange(len(pairs), dtype=np.int64), lens)
+    unpad_index = np.zeros(total, dtype=np.int64)
+    unpad_index[:n_real] = seq_of_token * seq_len + within
+
+    return PackedBatch(
+        input_ids=torch.from_numpy(input_ids),
+        token_type_ids=None if token_type_ids is None else torch.from_numpy(token_type_ids),
+        positions=torch.from_numpy(positions),
+        cu_seqlens=torch.from_numpy(starts.astype(np.int32)),
+        seq_lens=torch.from_numpy(lens.astype(np.int64)),
+        max_seqlen=int(seq_len),
+        pad_index=torch.from_numpy(pad_index.reshape(-1)),
+        unpad_index=torch.from_numpy(unpad_index),
+        key_mask=torch.from_numpy(valid[:, None, None, :].copy()),
+        pairs=pairs,
+        num_tokens=n_real,
+    )

@@ -1,0 +1,91 @@
+"""``xenc-lab``: the command line. ``demo`` scores pairs beside sentence-transformers and shows both."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+DEMO_PAIRS = [
+    ("How many people live in Berlin?", "Berlin had a population of 3,520,031 registered inhabitants in 2014."),
+    ("How many people live in Berlin?", "Berlin is well known for its museums."),
+    ("what is the tallest mountain on earth", "Mount Everest is Earth's highest mountain above sea level, at 8,849 m."),
+    ("what is the tallest mountain on earth", "The Mariana Trench is the deepest oceanic trench on Earth."),
+    ("python list comprehension", "List comprehensions provide a concise way to create lists in Python."),
+    ("python list comprehension", "Ball pythons are among the most popular pet snakes."),
+    ("¿Dónde está la biblioteca?", "La biblioteca está al lado del museo."),
+    ("東京の人口は？", "東京都の人口は約1400万人です。"),
+]
+
+
+def _throughput(fn, pairs, repeats: int = 2) -> float:
+    fn(pairs[:16])  # warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(pairs)
+        best = min(best, time.perf_counter() - start)
+    return len(pairs) / best
+
+
+def demo(args: argparse.Namespace) -> int:
+    import numpy as np
+    import pandas as pd
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from . import Scorer
+    from .workloads import make_pairs
+    from .zoo import minilm_cross_encoder
+
+    if args.model is None:
+        path = minilm_cross_encoder()
+        print(f"Default model: real MiniLM-L6 encoder weights with a seeded, UNTRAINED head ({path}).")
+        print("Its scores are not relevance judgements; they show that both engines compute the same numbers.\n")
+    else:
+        path = args.model
+    scorer = Scorer(path, device=args.device, dtype=args.dtype)
+    oracle = CrossEncoder(str(path), device=str(scorer.device), model_kwargs={"dtype": scorer.config.torch_dtype})
+    print(scorer, "\n")
+
+    ours = scorer.predict(DEMO_PAIRS)
+    theirs = oracle.predict(DEMO_PAIRS)
+    table = pd.DataFrame(
+        {
+            "query": [q for q, _ in DEMO_PAIRS],
+            "passage": [d if len(d) <= 48 else d[:45] + "..." for _, d in DEMO_PAIRS],
+            "xenc_lab": ours.tolist() if ours.ndim == 1 else [list(np.round(r, 4)) for r in ours],
+            "sentence-transformers": theirs.tolist() if theirs.ndim == 1 else [list(np.round(r, 4)) for r in theirs],
+            "|delta|": np.abs(ours - theirs).reshape(len(DEMO_PAIRS), -1).max(axis=1),
+        }
+    )
+    with pd.option_context("display.max_colwidth", 50, "display.width", 200, "display.float_format", "{:.6g}".format):
+        print(table.to_string(index=False), "\n")
+
+    pairs = make_pairs("mixed", args.pairs, seed=1)
+    ours_rate = _throughput(lambda p: scorer.predict(p), pairs)
+    theirs_rate = _throughput(lambda p: oracle.predict(p, batch_size=32), pairs)
+    print(
+        f"Throughput on {len(pairs)} mixed-length pairs ({torch.get_num_threads()} threads, {scorer.config.dtype}): "
+        f"xenc_lab {ours_rate:.1f} pairs/s, sentence-transformers {theirs_rate:.1f} pairs/s, "
+        f"ratio {ours_rate / theirs_rate:.2f}x"
+    )
+    worst = float(np.abs(ours - theirs).max())
+    print(f"max |delta| over the table: {worst:.2e}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xenc-lab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="score pairs with xenc_lab and sentence-transformers side by side")
+    p.add_argument("--model", default=None, help="model directory or hub id (default: the offline MiniLM-L6 cross-encoder)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--pairs", type=int, default=256, help="pairs in the throughput run")
+    p.set_defaults(func=demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

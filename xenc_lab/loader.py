@@ -1,0 +1,114 @@
+"""Find a checkpoint, build our module for its architecture and load its safetensors weights into it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+
+from .models import ARCHITECTURES
+
+# Tensors some checkpoints carry that hold no weights: position id buffers written by old transformers.
+_IGNORED_SUFFIXES = ("position_ids",)
+_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*.jinja"]
+
+
+def resolve(model_name_or_path: str | os.PathLike) -> Path:
+    """A local directory, or a hub id found through huggingface_hub's cache (offline once cached)."""
+    if not isinstance(model_name_or_path, (str, os.PathLike)):
+        raise TypeError(f"model_name_or_path must be a str or path, got {type(model_name_or_path).__name__}")
+    path = Path(model_name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"expected a model directory or a hub id, got the file {str(path)!r}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES))
+    except Exception as err:
+        raise ValueError(
+            f"{str(model_name_or_path)!r} is neither a local model directory nor a hub id that could be "
+            f"downloaded or found in the huggingface_hub cache ({type(err).__name__}: {err})"
+        ) from err
+
+
+def load_config(path: Path, trust_remote_code: bool = False) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def architecture_of(config: PretrainedConfig) -> str:
+    archs = getattr(config, "architectures", None) or []
+    if not archs:
+        raise ValueError(f"config.json names no architecture (model_type {config.model_type!r})")
+    return archs[0]
+
+
+def build_model(config: PretrainedConfig) -> nn.Module:
+    arch = architecture_of(config)
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"architecture {arch!r} is not supported by the packed engine; supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    with torch.device("meta"):
+        model = ARCHITECTURES[arch](config)
+    return model
+
+
+def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        found = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".ckpt"})
+        raise ValueError(
+            f"no .safetensors weights in {path}; only safetensors are loaded"
+            + (f" (found {', '.join(found)}: convert them to safetensors)" if found else "")
+        )
+    tensors = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def _canonical(name: str) -> str:
+    # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
+    if name.endswith(".gamma"):
+        return name[: -len("gamma")] + "weight"
+    if name.endswith(".beta"):
+        return name[: -len("beta")] + "bias"
+    return name
+
+
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Every module parameter must come from the checkpoint, and every checkpoint tensor must be used."""
+    params = dict(model.named_parameters())
+    tensors = {_canonical(k): v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    missing = sorted(set(params) - set(tensors))
+    unused = sorted(set(tensors) - set(params))
+    if missing or unused:
+        raise ValueError(
+            f"checkpoint does not match {type(model).__name__}: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+            f"unused {unused[:8]}{'...' if len(unused) > 8 else ''}"
+        )
+    for name, param in params.items():
+        if tuple(param.shape) != tuple(tensors[name].shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensors[name].shape)} != module shape {tuple(param.shape)}")
+    model.load_state_dict(tensors, strict=False, assign=True)
+
+
+def load_model(path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    model = build_model(config)
+    load_weights(model, read_checkpoint(path))
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    for module in model.modules():
+        if hasattr(module, "fuse"):
+            module.fuse()
+    return model

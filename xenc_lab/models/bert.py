@@ -1,0 +1,189 @@
+"""The BERT family, packed: BERT/MiniLM, RoBERTa, XLM-RoBERTa and ELECTRA.
+
+They share one encoder; the differences are flags: RoBERTa-style positions count from
+``padding_idx + 1`` and skip pad tokens, ELECTRA projects small embeddings up to the hidden size,
+and each family has its own classification head. Attribute names mirror the checkpoints.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+from ..batch import PackedBatch
+from ..layers import packed_attention
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config, size: int, roberta_positions: bool):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, size)
+        self.LayerNorm = nn.LayerNorm(size, eps=config.layer_norm_eps)
+        self.padding_idx = config.pad_token_id if roberta_positions else None
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        ids, positions = batch.input_ids, batch.positions
+        if self.padding_idx is not None:
+            # As RoBERTa: position = padding_idx + (count of non-pad tokens so far in the pair), pad tokens at padding_idx.
+            real = (ids != self.padding_idx).long()
+            seen = torch.cumsum(real, 0)
+            before_pair = (seen - real)[torch.arange(ids.shape[0], device=ids.device) - positions]
+            positions = (seen - before_pair) * real + self.padding_idx
+        types = batch.token_type_ids if batch.token_type_ids is not None else torch.zeros_like(ids)
+        x = self.word_embeddings(ids) + self.token_type_embeddings(types)
+        x = x + self.position_embeddings(positions)
+        return self.LayerNorm(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def fuse(self) -> None:
+        """One (3d, d) projection instead of three: one GEMM, one pass over the activations."""
+        parts = (self.query, self.key, self.value)
+        self.qkv = nn.Linear(parts[0].in_features, 3 * parts[0].out_features).to(parts[0].weight)
+        with torch.no_grad():
+            self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
+            self.qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+        del self.query, self.key, self.value
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        if hasattr(self, "qkv"):
+            qkv = self.qkv(x)
+        else:
+            qkv = torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
+        return packed_attention(qkv, batch, self.num_heads)
+
+
+class DenseNorm(nn.Module):
+    """dense -> (+ residual) -> LayerNorm: BERT's SelfOutput and Output."""
+
+    def __init__(self, d_in: int, d_out: int, eps: float):
+        super().__init__()
+        self.dense = nn.Linear(d_in, d_out)
+        self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self = SelfAttention(config)
+        self.output = DenseNorm(config.hidden_size, config.hidden_size, config.layer_norm_eps)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = Attention(config)
+        self.intermediate = Intermediate(config)
+        self.output = DenseNorm(config.intermediate_size, config.hidden_size, config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        x = self.attention.output(self.attention.self(x, batch), x)
+        return self.output(self.intermediate(x), x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+
+
+class Pooler(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+
+class BertModel(nn.Module):
+    """Embeddings + encoder over a packed stream: (T,) ids -> (T, d) hidden states."""
+
+    def __init__(self, config, *, roberta_positions: bool = False, pooler: bool = False):
+        super().__init__()
+        size = getattr(config, "embedding_size", config.hidden_size)
+        self.embeddings = Embeddings(config, size, roberta_positions)
+        if size != config.hidden_size:  # ELECTRA
+            self.embeddings_project = nn.Linear(size, config.hidden_size)
+        self.encoder = Encoder(config)
+        if pooler:
+            self.pooler = Pooler(config)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.embeddings(batch)
+        if hasattr(self, "embeddings_project"):
+            x = self.embeddings_project(x)
+        for layer in self.encoder.layer:
+            x = layer(x, batch)
+        return x
+
+
+class ClassificationHead(nn.Module):
+    """RoBERTa / XLM-R (tanh) and ELECTRA (GELU): first token -> dense -> act -> out_proj."""
+
+    def __init__(self, config, act):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.act = act
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.act(self.dense(first)))
+
+
+class BertForSequenceClassification(nn.Module):
+    base_name = "bert"
+
+    def __init__(self, config):
+        super().__init__()
+        self.bert = BertModel(config, pooler=True)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        first = self.bert(batch)[batch.first_index]
+        return self.classifier(torch.tanh(self.bert.pooler.dense(first)))
+
+
+class RobertaForSequenceClassification(nn.Module):
+    """Also XLM-RoBERTa, whose checkpoints use the same names."""
+
+    base_name = "roberta"
+
+    def __init__(self, config):
+        super().__init__()
+        self.roberta = BertModel(config, roberta_positions=True)
+        self.classifier = ClassificationHead(config, torch.tanh)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        return self.classifier(self.roberta(batch)[batch.first_index])
+
+
+class ElectraForSequenceClassification(nn.Module):
+    base_name = "electra"
+
+    def __init__(self, config):
+        super().__init__()
+        self.electra = BertModel(config)
+        self.classifier = ClassificationHead(config, ACT2FN["gelu"])
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        return self.classifier(self.electra(batch)[batch.first_index])

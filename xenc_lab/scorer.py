@@ -1,0 +1,229 @@
+"""The public face of xenc_lab: ``Scorer``, a drop-in for sentence-transformers' ``CrossEncoder``."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .batch import pack
+from .config import ScorerConfig
+from .loader import architecture_of, load_config, load_model, resolve
+from .pages import pages_for, plan_batches
+from .runner import ModelRunner
+from .scores import default_activation, to_scores
+from .tokenize import PairTokenizer
+
+WINDOW = 4096  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
+
+
+def _is_single_pair(inputs) -> bool:
+    # sentence-transformers' rule: a list/tuple whose first element is not a list/tuple is one pair.
+    if isinstance(inputs, np.ndarray):
+        return inputs.ndim == 1 and inputs.size > 0
+    return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and not isinstance(inputs[0], (list, tuple, np.ndarray))
+
+
+def _split_pairs(pairs: list) -> tuple[list[str], list[str]]:
+    text_1, text_2 = [], []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (list, tuple, np.ndarray)) or len(pair) != 2:
+            got = f"{type(pair).__name__} of length {len(pair)}" if hasattr(pair, "__len__") else type(pair).__name__
+            raise ValueError(f"pair {i}: expected a (text_1, text_2) pair of two str, got {got}")
+        a, b = pair
+        for side, text in ((1, a), (2, b)):
+            if not isinstance(text, str):
+                raise TypeError(f"pair {i}: text_{side} must be str, got {type(text).__name__}")
+        text_1.append(a)
+        text_2.append(b)
+    return text_1, text_2
+
+
+class Scorer:
+    """Scores (text_1, text_2) pairs with a cross-encoder, as ``CrossEncoder.predict`` would, on our packed engine.
+
+    >>> scorer = Scorer("cross-encoder/ms-marco-MiniLM-L6-v2")
+    >>> scorer.predict([("how tall is everest", "Everest is 8,849 m high."), ("q", "d")])
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str | os.PathLike,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str = "float32",
+        max_length: int | None = None,
+        page_size: int = 16,
+        max_batch_tokens: int = 8192,
+        compile: bool = False,
+        activation_fn: Callable | None = None,
+        trust_remote_code: bool = False,
+    ):
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if isinstance(dtype, torch.dtype):
+            dtype = str(dtype).removeprefix("torch.")
+        if activation_fn is not None and not callable(activation_fn):
+            raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
+        path = resolve(model_name_or_path)
+        self.config = ScorerConfig(
+            model=str(model_name_or_path),
+            device=str(torch.device(device)),
+            dtype=dtype,
+            max_length=max_length,
+            page_size=page_size,
+            max_batch_tokens=max_batch_tokens,
+            compile=compile,
+            trust_remote_code=trust_remote_code,
+        )
+        self.path = path
+        self.hf_config = load_config(path, trust_remote_code)
+        self.architecture = architecture_of(self.hf_config)
+        self.tokenizer = PairTokenizer(path, self.hf_config, max_length, trust_remote_code)
+        longest = pages_for(self.tokenizer.max_length, page_size) * page_size
+        if longest > max_batch_tokens:
+            raise ValueError(
+                f"max_batch_tokens={max_batch_tokens} cannot hold one pair of max_length={self.tokenizer.max_length} "
+                f"({longest} tokens in pages of {page_size}); raise max_batch_tokens or lower max_length"
+            )
+        self.device = torch.device(self.config.device)
+        model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
+        self.runner = ModelRunner(model, self.device, compile)
+        self.activation_fn = activation_fn or default_activation(path, self.hf_config, trust_remote_code)
+        self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
+
+    # -- properties a notebook reaches for --------------------------------------------------------
+    @property
+    def num_labels(self) -> int:
+        return int(self.hf_config.num_labels)
+
+    @property
+    def labels(self) -> list[str]:
+        """Label names in logit order (from ``config.id2label``)."""
+        id2label = self.hf_config.id2label or {}
+        return [str(id2label.get(i, f"LABEL_{i}")) for i in range(self.num_labels)]
+
+    @property
+    def max_length(self) -> int:
+        return self.tokenizer.max_length
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runner.model
+
+    def __repr__(self) -> str:
+        c = self.config
+        activation = type(self.activation_fn).__name__ if isinstance(self.activation_fn, torch.nn.Module) else repr(self.activation_fn)
+        return (
+            f"Scorer(model={c.model!r}, architecture={self.architecture}, device={c.device!r}, dtype={c.dtype}, "
+            f"page_size={c.page_size}, max_batch_tokens={c.max_batch_tokens}, max_length={self.max_length}, "
+            f"num_labels={self.num_labels}, activation={activation}, compile={c.compile})"
+        )
+
+    # -- the engine ---------------------------------------------------------------------------------
+    def logits(self, pairs: Sequence, batch_size: int | None = None, show_progress_bar: bool | None = None) -> torch.Tensor:
+        """(N, num_labels) fp32 logits, in the caller's order."""
+        text_1, text_2 = _split_pairs(list(pairs))
+        n = len(text_1)
+        out = torch.empty(n, self.num_labels, dtype=torch.float32)
+        if show_progress_bar is None:
+            show_progress_bar = n >= 2048
+        cfg = self.config
+        with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
+            for start in range(0, n, WINDOW):
+                stop = min(start + WINDOW, n)
+                enc = self.tokenizer(text_1[start:stop], text_2[start:stop])
+                for pairs_idx in plan_batches(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
+                    batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id)
+                    logits = self.runner(batch).float().cpu()
+                    out[torch.from_numpy(pairs_idx + start)] = logits
+                    bar.update(len(pairs_idx))
+        return out
+
+    def predict(
+        self,
+        pairs,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        apply_softmax: bool = False,
+        convert_to_tensor: bool = False,
+    ):
+        """Scores of (text_1, text_2) pairs: float32 array of shape (N,) for one label, (N, num_labels) else.
+
+        Same input forms and outputs as ``CrossEncoder.predict``: a single pair gives a scalar (or a
+        (num_labels,) array). ``batch_size`` caps the pairs per batch; the token budget caps it anyway.
+        """
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        if activation_fn is not None and not callable(activation_fn):
+            raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
+        if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+            raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got {type(pairs).__name__}")
+        single = _is_single_pair(pairs)
+        pairs = [list(pairs)] if single else list(pairs)
+        logits = self.logits(pairs, batch_size, show_progress_bar)
+        scores = to_scores(logits, activation_fn or self.activation_fn, apply_softmax)
+        if single:
+            scores = scores[0]
+        if convert_to_tensor:
+            return scores.to(self.device)
+        return scores.numpy() if scores.ndim else np.float32(scores.item())
+
+    __call__ = predict
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str], **kwargs):
+        """vLLM's pairing: str/str -> float; str/list or [str]/list -> 1:N; equal-length lists -> N:N."""
+        if self.num_labels != 1:
+            raise ValueError(f"score() needs a one-label model; this one has {self.num_labels} labels: use predict()")
+        if isinstance(text_1, str) and isinstance(text_2, str):
+            return float(self.predict((text_1, text_2), **kwargs))
+        for name, value in (("text_1", text_1), ("text_2", text_2)):
+            if not isinstance(value, (str, list, tuple)):
+                raise TypeError(f"{name} must be a str or a list of str, got {type(value).__name__}")
+        list_1 = [text_1] if isinstance(text_1, str) else list(text_1)
+        list_2 = [text_2] if isinstance(text_2, str) else list(text_2)
+        if not list_1 or not list_2:
+            raise ValueError(f"text_1 and text_2 must not be empty (got lengths {len(list_1)} and {len(list_2)})")
+        if len(list_1) == 1:
+            list_1 = list_1 * len(list_2)
+        elif len(list_1) != len(list_2):
+            raise ValueError(
+                f"text_1 and text_2 must pair 1:1, 1:N or N:N; got lengths {len(list_1)} and {len(list_2)}"
+            )
+        return self.predict(list(zip(list_1, list_2)), **kwargs)
+
+    def rank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        return_documents: bool = False,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+    ) -> list[dict]:
+        """sentence-transformers' rank: [{corpus_id, score(, text)}] sorted by score, ties in corpus order."""
+        if self.num_labels != 1:
+            raise ValueError(f"rank() needs a one-label model; this one has {self.num_labels} labels")
+        if not isinstance(query, str):
+            raise TypeError(f"query must be str, got {type(query).__name__}")
+        if isinstance(documents, str) or not isinstance(documents, Sequence):
+            raise TypeError(f"documents must be a list of str, got {type(documents).__name__}")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)):
+            raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
+        scores = self.predict(
+            [[query, doc] for doc in documents],
+            batch_size=batch_size,
+            show_progress_bar=show_progress_bar,
+            activation_fn=activation_fn,
+            convert_to_tensor=True,
+        ).tolist()
+        results = [{"corpus_id": i, "score": s} for i, s in enumerate(scores)]
+        if return_documents:
+            for r in results:
+                r["text"] = documents[r["corpus_id"]]
+        return sorted(results, key=lambda r: r["score"], reverse=True)[:top_k]

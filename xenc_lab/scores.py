@@ -1,0 +1,64 @@
+"""Stage 5: logits -> scores, as CrossEncoder.predict does it.
+
+Logits are upcast to fp32, the activation applied, a single label squeezed, and softmax taken over
+labels when asked. The default activation is resolved in sentence-transformers' order.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+logger = logging.getLogger(__name__)
+
+
+def import_from_string(dotted_path: str):
+    module_path, _, name = dotted_path.rpartition(".")
+    if not module_path:
+        raise ValueError(f"activation {dotted_path!r} is not a dotted import path")
+    return getattr(importlib.import_module(module_path), name)
+
+
+def _from_path(dotted_path: str, trust_remote_code: bool) -> Callable | None:
+    if trust_remote_code or dotted_path.startswith("torch."):
+        return import_from_string(dotted_path)()
+    logger.warning(
+        "Activation function path %r is not trusted, using the default activation instead. "
+        "Pass trust_remote_code=True to allow it.",
+        dotted_path,
+    )
+    return None
+
+
+def default_activation(path: Path, config: PretrainedConfig, trust_remote_code: bool = False) -> Callable:
+    """config_sentence_transformers.json, then config.json's ``sentence_transformers`` and legacy keys,
+    else Sigmoid for one label and Identity for more."""
+    candidates = []
+    st_file = path / "config_sentence_transformers.json"
+    if st_file.is_file():
+        candidates.append(json.loads(st_file.read_text()).get("activation_fn"))
+    st_section = getattr(config, "sentence_transformers", None)
+    if isinstance(st_section, dict) and "activation_fn" in st_section:
+        candidates.append(st_section["activation_fn"])
+    else:
+        candidates.append(getattr(config, "sbert_ce_default_activation_function", None))
+    for dotted in candidates:
+        if dotted is not None and (fn := _from_path(dotted, trust_remote_code)) is not None:
+            return fn
+    return nn.Sigmoid() if config.num_labels == 1 else nn.Identity()
+
+
+def to_scores(logits: torch.Tensor, activation: Callable, apply_softmax: bool) -> torch.Tensor:
+    """(N, num_labels) logits -> (N,) scores for one label, else (N, num_labels)."""
+    scores = activation(logits.float())
+    if scores.ndim > 1 and scores.shape[-1] == 1:
+        scores = scores.squeeze(-1)
+    if apply_softmax and scores.ndim > 1:
+        scores = torch.softmax(scores, dim=1)
+    return scores
