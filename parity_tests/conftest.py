@@ -37,7 +37,16 @@ def _zoo(name: str) -> Path:
 # name in reports -> builder of the checkpoint directory
 MODELS = {
     "minilm-l6 (real weights)": lambda: minilm_cross_encoder(ROOT),
-    # BERT_ZOO
+    "bert": lambda: _zoo("bert"),
+    "bert-3label": lambda: _zoo("bert-3label"),
+    "roberta": lambda: _zoo("roberta"),
+    "xlm-roberta": lambda: _zoo("xlm-roberta"),
+    "distilbert": lambda: _zoo("distilbert"),
+    "electra": lambda: _zoo("electra"),
+    "modernbert-cls": lambda: _zoo("modernbert-cls"),
+    "modernbert-mean": lambda: _zoo("modernbert-mean"),
+    "deberta-v3": lambda: _zoo("deberta-v3"),
+    "deberta-v3-3label": lambda: _zoo("deberta-v3-3label"),
 }
 ARCHS = list(MODELS)
 

@@ -1,6 +1,7 @@
 """Find a checkpoint, build our module for its architecture and load its safetensors weights into it."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from .models import ARCHITECTURES
+
+logger = logging.getLogger(__name__)
 
 # Tensors some checkpoints carry that hold no weights: position id buffers written by old transformers.
 _IGNORED_SUFFIXES = ("position_ids",)
@@ -51,6 +54,19 @@ def architecture_of(config: PretrainedConfig) -> str:
     return archs[0]
 
 
+def position_limit(config: PretrainedConfig) -> int | None:
+    """The longest pair the model can embed: its position table (less RoBERTa's offset of padding_idx + 1);
+    None where positions are only relative or rotary."""
+    arch = architecture_of(config)
+    if arch == "ModernBertForSequenceClassification":
+        return None
+    if arch == "DebertaV2ForSequenceClassification" and not getattr(config, "position_biased_input", True):
+        return None
+    if arch in ("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification"):
+        return config.max_position_embeddings - config.pad_token_id - 1
+    return config.max_position_embeddings
+
+
 def build_model(config: PretrainedConfig) -> nn.Module:
     arch = architecture_of(config)
     if arch not in ARCHITECTURES:
@@ -88,16 +104,19 @@ def _canonical(name: str) -> str:
 
 
 def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Every module parameter must come from the checkpoint, and every checkpoint tensor must be used."""
+    """Every module parameter must come from the checkpoint. Checkpoint tensors the model has no use for
+    (transformers ignores them too) are reported, not loaded."""
     params = dict(model.named_parameters())
     tensors = {_canonical(k): v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
     missing = sorted(set(params) - set(tensors))
     unused = sorted(set(tensors) - set(params))
-    if missing or unused:
+    if missing:
         raise ValueError(
-            f"checkpoint does not match {type(model).__name__}: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-            f"unused {unused[:8]}{'...' if len(unused) > 8 else ''}"
+            f"checkpoint does not match {type(model).__name__}: missing {missing[:8]}{'...' if len(missing) > 8 else ''}"
         )
+    if unused:
+        logger.warning("checkpoint tensors not used by %s: %s", type(model).__name__, ", ".join(unused[:16]))
+        tensors = {k: v for k, v in tensors.items() if k in params}
     for name, param in params.items():
         if tuple(param.shape) != tuple(tensors[name].shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensors[name].shape)} != module shape {tuple(param.shape)}")
@@ -108,7 +127,8 @@ def load_model(path: Path, config: PretrainedConfig, device: torch.device, dtype
     model = build_model(config)
     load_weights(model, read_checkpoint(path))
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    for module in model.modules():
-        if hasattr(module, "fuse"):
-            module.fuse()
+    # Hooks that derive what a checkpoint does not store (fused projections, rotary tables), on the target device.
+    for module in list(model.modules()):
+        if hasattr(module, "after_load"):
+            module.after_load()
     return model

@@ -11,10 +11,11 @@ from tqdm.auto import tqdm
 
 from .batch import pack
 from .config import ScorerConfig
-from .loader import architecture_of, load_config, load_model, resolve
+from .loader import architecture_of, load_config, load_model, position_limit, resolve
 from .pages import pages_for, plan_batches
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
+from .st_format import read_cross_encoder_save
 from .tokenize import PairTokenizer
 
 WINDOW = 4096  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
@@ -82,7 +83,14 @@ class Scorer:
         self.path = path
         self.hf_config = load_config(path, trust_remote_code)
         self.architecture = architecture_of(self.hf_config)
-        self.tokenizer = PairTokenizer(path, self.hf_config, max_length, trust_remote_code)
+        self.save = read_cross_encoder_save(path)
+        self.tokenizer = PairTokenizer(path, self.hf_config, max_length, trust_remote_code, self.save)
+        limit = position_limit(self.hf_config)
+        if limit is not None and self.tokenizer.max_length > limit:
+            raise ValueError(
+                f"max_length={self.tokenizer.max_length} exceeds what {self.architecture} can embed ({limit} "
+                f"positions); pass max_length<={limit}"
+            )
         longest = pages_for(self.tokenizer.max_length, page_size) * page_size
         if longest > max_batch_tokens:
             raise ValueError(
@@ -92,7 +100,7 @@ class Scorer:
         self.device = torch.device(self.config.device)
         model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
         self.runner = ModelRunner(model, self.device, compile)
-        self.activation_fn = activation_fn or default_activation(path, self.hf_config, trust_remote_code)
+        self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
 
     # -- properties a notebook reaches for --------------------------------------------------------
@@ -124,9 +132,29 @@ class Scorer:
         )
 
     # -- the engine ---------------------------------------------------------------------------------
-    def logits(self, pairs: Sequence, batch_size: int | None = None, show_progress_bar: bool | None = None) -> torch.Tensor:
-        """(N, num_labels) fp32 logits, in the caller's order."""
+    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        # CrossEncoder's rule: an explicit prompt, else a named one, else the save's default prompt.
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be str, got {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.save.prompts:
+                raise ValueError(f"prompt_name {prompt_name!r} is not one of the model's prompts {sorted(self.save.prompts)}")
+            return self.save.prompts[prompt_name]
+        return self.save.prompts.get(self.save.default_prompt_name) if self.save.default_prompt_name else None
+
+    def logits(
+        self,
+        pairs: Sequence,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        prompt: str | None = None,
+    ) -> torch.Tensor:
+        """(N, num_labels) fp32 logits, in the caller's order. ``prompt`` is prepended to each text_1."""
         text_1, text_2 = _split_pairs(list(pairs))
+        if prompt:
+            text_1 = [prompt + t for t in text_1]
         n = len(text_1)
         out = torch.empty(n, self.num_labels, dtype=torch.float32)
         if show_progress_bar is None:
@@ -151,11 +179,15 @@ class Scorer:
         activation_fn: Callable | None = None,
         apply_softmax: bool = False,
         convert_to_tensor: bool = False,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ):
         """Scores of (text_1, text_2) pairs: float32 array of shape (N,) for one label, (N, num_labels) else.
 
         Same input forms and outputs as ``CrossEncoder.predict``: a single pair gives a scalar (or a
         (num_labels,) array). ``batch_size`` caps the pairs per batch; the token budget caps it anyway.
+        ``prompt`` / ``prompt_name`` (or a save's default prompt) is prepended to every text_1, as there.
         """
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0):
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
@@ -165,8 +197,8 @@ class Scorer:
             raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got {type(pairs).__name__}")
         single = _is_single_pair(pairs)
         pairs = [list(pairs)] if single else list(pairs)
-        logits = self.logits(pairs, batch_size, show_progress_bar)
-        scores = to_scores(logits, activation_fn or self.activation_fn, apply_softmax)
+        logits = self.logits(pairs, batch_size, show_progress_bar, self._resolve_prompt(prompt, prompt_name))
+        scores = to_scores(logits, self.activation_fn if activation_fn is None else activation_fn, apply_softmax)
         if single:
             scores = scores[0]
         if convert_to_tensor:
@@ -205,14 +237,18 @@ class Scorer:
         batch_size: int | None = None,
         show_progress_bar: bool | None = None,
         activation_fn: Callable | None = None,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> list[dict]:
         """sentence-transformers' rank: [{corpus_id, score(, text)}] sorted by score, ties in corpus order."""
         if self.num_labels != 1:
             raise ValueError(f"rank() needs a one-label model; this one has {self.num_labels} labels")
         if not isinstance(query, str):
             raise TypeError(f"query must be str, got {type(query).__name__}")
-        if isinstance(documents, str) or not isinstance(documents, Sequence):
+        if isinstance(documents, (str, bytes)) or not hasattr(documents, "__iter__"):
             raise TypeError(f"documents must be a list of str, got {type(documents).__name__}")
+        documents = list(documents)
         if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)):
             raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
         scores = self.predict(
@@ -221,6 +257,8 @@ class Scorer:
             show_progress_bar=show_progress_bar,
             activation_fn=activation_fn,
             convert_to_tensor=True,
+            prompt_name=prompt_name,
+            prompt=prompt,
         ).tolist()
         results = [{"corpus_id": i, "score": s} for i, s in enumerate(scores)]
         if return_documents:

@@ -6,14 +6,14 @@ labels when asked. The default activation is resolved in sentence-transformers' 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
+
+from .st_format import CrossEncoderSave
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +36,10 @@ def _from_path(dotted_path: str, trust_remote_code: bool) -> Callable | None:
     return None
 
 
-def default_activation(path: Path, config: PretrainedConfig, trust_remote_code: bool = False) -> Callable:
-    """config_sentence_transformers.json, then config.json's ``sentence_transformers`` and legacy keys,
+def default_activation(config: PretrainedConfig, save: CrossEncoderSave, trust_remote_code: bool = False) -> Callable:
+    """A CrossEncoder save's ``activation_fn``, then config.json's ``sentence_transformers`` and legacy keys,
     else Sigmoid for one label and Identity for more."""
-    candidates = []
-    st_file = path / "config_sentence_transformers.json"
-    if st_file.is_file():
-        candidates.append(json.loads(st_file.read_text()).get("activation_fn"))
+    candidates = [save.activation_fn]
     st_section = getattr(config, "sentence_transformers", None)
     if isinstance(st_section, dict) and "activation_fn" in st_section:
         candidates.append(st_section["activation_fn"])

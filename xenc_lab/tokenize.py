@@ -1,19 +1,20 @@
 """Stage 1: (text_1, text_2) pairs -> token ids, exactly as sentence-transformers' CrossEncoder makes them.
 
 CrossEncoder.predict calls the tokenizer on the pairs with ``truncation="longest_first"`` and no explicit
-``max_length``, so the tokenizer's ``model_max_length`` decides: the value the user passed, else the saved
-``sentence_bert_config.json`` ``max_seq_length``, else the tokenizer's own capped at
-``config.max_position_embeddings``. Nothing is stripped.
+``max_length``, so the tokenizer's ``model_max_length`` decides: the value the user passed, else a
+CrossEncoder save's ``max_seq_length``, else the tokenizer's own capped at ``config.max_position_embeddings``.
+Nothing is stripped.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
 from transformers import AutoTokenizer, PretrainedConfig
+
+from .st_format import CrossEncoderSave
 
 
 @dataclass(slots=True)
@@ -35,11 +36,6 @@ class Encodings:
         return self.ids[self.offsets[i] : self.offsets[i + 1]].tolist()
 
 
-def _sentence_bert_config(path: Path) -> dict:
-    file = path / "sentence_bert_config.json"
-    return json.loads(file.read_text()) if file.is_file() else {}
-
-
 class PairTokenizer:
     def __init__(
         self,
@@ -47,16 +43,16 @@ class PairTokenizer:
         config: PretrainedConfig,
         max_length: int | None = None,
         trust_remote_code: bool = False,
+        save: CrossEncoderSave = CrossEncoderSave(),
     ):
-        st_config = _sentence_bert_config(path)
         if max_length is None:
-            max_length = st_config.get("max_seq_length")
+            max_length = save.max_seq_length
         kwargs = {} if max_length is None else {"model_max_length": max_length}
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
         max_positions = getattr(config, "max_position_embeddings", -1)
         if max_length is None and max_positions is not None and max_positions != -1:
             self.tokenizer.model_max_length = min(self.tokenizer.model_max_length, max_positions)
-        if st_config.get("do_lower_case"):
+        if save.do_lower_case:
             self._force_lowercase()
         self.max_length = int(self.tokenizer.model_max_length)
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names

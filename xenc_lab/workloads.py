@@ -37,7 +37,7 @@ def make_pairs(kind: str = "mixed", n: int = 1000, seed: int = 0) -> list[tuple[
     """``n`` (query, passage) pairs of the given kind: 'short', 'mixed' or 'long'."""
     if kind not in WORKLOADS:
         raise ValueError(f"kind must be one of {WORKLOADS}, got {kind!r}")
-    if not isinstance(n, int) or n < 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     rng = random.Random(f"{kind}-{seed}")
     pairs = []

@@ -2,6 +2,9 @@
 PackedBatch and returns (B, num_labels) logits."""
 from __future__ import annotations
 
+from .deberta_v2 import DebertaV2ForSequenceClassification
+from .distilbert import DistilBertForSequenceClassification
+from .modernbert import ModernBertForSequenceClassification
 from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 
 ARCHITECTURES = {
@@ -9,4 +12,7 @@ ARCHITECTURES = {
     "RobertaForSequenceClassification": RobertaForSequenceClassification,
     "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,
     "ElectraForSequenceClassification": ElectraForSequenceClassification,
+    "DistilBertForSequenceClassification": DistilBertForSequenceClassification,
+    "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
+    "DebertaV2ForSequenceClassification": DebertaV2ForSequenceClassification,
 }

@@ -7,12 +7,11 @@ and each family has its own classification head. Attribute names mirror the chec
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
 from ..batch import PackedBatch
-from ..layers import packed_attention
+from ..layers import fuse_linears, packed_attention
 
 
 class Embeddings(nn.Module):
@@ -45,21 +44,12 @@ class SelfAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
 
-    def fuse(self) -> None:
-        """One (3d, d) projection instead of three: one GEMM, one pass over the activations."""
-        parts = (self.query, self.key, self.value)
-        self.qkv = nn.Linear(parts[0].in_features, 3 * parts[0].out_features).to(parts[0].weight)
-        with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
-            self.qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+    def after_load(self) -> None:
+        self.qkv = fuse_linears(self.query, self.key, self.value)
         del self.query, self.key, self.value
 
     def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        if hasattr(self, "qkv"):
-            qkv = self.qkv(x)
-        else:
-            qkv = torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
-        return packed_attention(qkv, batch, self.num_heads)
+        return packed_attention(self.qkv(x), batch, self.num_heads)
 
 
 class DenseNorm(nn.Module):

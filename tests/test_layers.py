@@ -1,0 +1,101 @@
+"""packed_attention == plain SDPA run on each pair alone: attention never crosses a pair boundary."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xenc_lab.batch import pack
+from xenc_lab.layers import packed_attention
+
+from .test_batch import encodings
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+def _per_pair_reference(qkv: torch.Tensor, batch, num_heads: int, scale=None) -> list[torch.Tensor]:
+    d = qkv.shape[-1] // 3
+    out = []
+    cu = batch.cu_seqlens.tolist()
+    for s, e in zip(cu[:-1], cu[1:]):
+        n = e - s
+        q, k, v = (qkv[s:e, i * d : (i + 1) * d].view(n, num_heads, d // num_heads).transpose(0, 1)[None] for i in range(3))
+        o = F.scaled_dot_product_attention(q, k, v, scale=scale)  # (1, H, n, dh), no mask: the pair alone
+        out.append(o[0].transpose(0, 1).reshape(n, d))
+    return out
+
+
+@st.composite
+def attention_cases(draw):
+    enc, pairs, page_size = draw(encodings(max_pairs=8, max_len=30))
+    num_heads = draw(st.sampled_from([1, 2, 4]))
+    head_dim = draw(st.sampled_from([2, 8]))
+    scale = draw(st.none() | st.floats(0.05, 2.0))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return enc, pairs, page_size, num_heads, head_dim, scale, seed
+
+
+@FAST
+@given(attention_cases())
+def test_packed_attention_equals_sdpa_on_each_pair_alone(case):
+    enc, pairs, page_size, num_heads, head_dim, scale, seed = case
+    batch = pack(enc, pairs, page_size)
+    d = num_heads * head_dim
+    T = batch.input_ids.shape[0]
+    qkv = torch.randn(T, 3 * d, generator=torch.Generator().manual_seed(seed)) * 2
+    out = packed_attention(qkv, batch, num_heads, scale=scale)
+    assert out.shape == (T, d)
+    cu = batch.cu_seqlens.tolist()
+    for b, ref in enumerate(_per_pair_reference(qkv, batch, num_heads, scale)):
+        torch.testing.assert_close(out[cu[b] : cu[b + 1]], ref, atol=1e-5, rtol=1e-5)
+
+
+@FAST
+@given(attention_cases(), st.data())
+def test_packed_attention_of_a_pair_ignores_every_other_pair_and_the_filler(case, data):
+    enc, pairs, page_size, num_heads, head_dim, scale, seed = case
+    batch = pack(enc, pairs, page_size)
+    d = num_heads * head_dim
+    T = batch.input_ids.shape[0]
+    qkv = torch.randn(T, 3 * d, generator=torch.Generator().manual_seed(seed))
+    keep = data.draw(st.integers(0, len(pairs) - 1), label="pair kept")
+    cu = batch.cu_seqlens.tolist()
+    s, e = cu[keep], cu[keep + 1]
+    other = torch.randn(T, 3 * d, generator=torch.Generator().manual_seed(seed + 1)) * 10
+    other[s:e] = qkv[s:e]  # everything but the kept pair changes, filler included
+    a = packed_attention(qkv, batch, num_heads, scale=scale)[s:e]
+    b = packed_attention(other, batch, num_heads, scale=scale)[s:e]
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_packed_attention_of_a_single_token_pair_returns_its_own_value():
+    from xenc_lab.tokenize import Encodings
+
+    enc = Encodings(np.arange(1, 6, dtype=np.int64), None, np.array([0, 4, 5], dtype=np.int64))
+    batch = pack(enc, np.array([0, 1]), page_size=4)
+    d = 4
+    qkv = torch.randn(batch.input_ids.shape[0], 3 * d)
+    out = packed_attention(qkv, batch, num_heads=2)
+    torch.testing.assert_close(out[4], qkv[4, 2 * d :])  # softmax over one key is 1: output = v
+
+
+@FAST
+@given(attention_cases(), st.integers(0, 12))
+def test_packed_attention_with_a_window_mask_equals_banded_sdpa_on_each_pair_alone(case, window):
+    from xenc_lab.layers import window_mask
+
+    enc, pairs, page_size, num_heads, head_dim, scale, seed = case
+    batch = pack(enc, pairs, page_size)
+    d = num_heads * head_dim
+    qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed))
+    out = packed_attention(qkv, batch, num_heads, scale=scale, mask=window_mask(batch, window))
+    cu = batch.cu_seqlens.tolist()
+    for b, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+        n = e - s
+        slots = torch.arange(n)
+        band = (slots[:, None] - slots[None, :]).abs() <= window // 2
+        q, k, v = (qkv[s:e, i * d : (i + 1) * d].view(n, num_heads, head_dim).transpose(0, 1)[None] for i in range(3))
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=scale)[0].transpose(0, 1).reshape(n, d)
+        torch.testing.assert_close(out[s:e], ref, atol=1e-5, rtol=1e-5)

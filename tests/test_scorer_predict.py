@@ -1,0 +1,233 @@
+"""Scorer.predict: output forms as CrossEncoder.predict's, scores equal to the oracle's, bad input refused up front."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from xenc_lab import Scorer
+
+ATOL = 1e-5
+
+
+# -- output forms ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("pair", [("q", "d"), ["q", "d"], np.array(["q", "d"])], ids=["tuple", "list", "ndarray"])
+def test_predict_of_a_single_pair_is_a_float32_scalar_equal_to_the_oracles(scorer, oracle, pair):
+    got = scorer.predict(pair)
+    assert type(got) is np.float32
+    assert abs(float(got) - float(oracle.predict(("q", "d")))) < ATOL
+    assert abs(float(got) - float(scorer.predict([("q", "d")])[0])) < 1e-6
+
+
+def test_predict_of_a_list_of_pairs_is_float32_of_shape_n_equal_to_the_oracles(scorer, oracle, pairs):
+    got = scorer.predict(pairs)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == (len(pairs),)
+    want = oracle.predict(pairs)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    assert np.ptp(got) > 1e-2, "the tiny model must spread its scores, or parity proves little"
+
+
+def test_predict_accepts_tuples_generators_and_2d_arrays_of_pairs_alike(scorer, pairs):
+    want = scorer.predict(pairs)
+    np.testing.assert_allclose(scorer.predict(tuple(pairs)), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(scorer.predict(p for p in pairs), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(scorer.predict(np.array(pairs)), want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("empty", [[], ()], ids=["list", "tuple"])
+def test_predict_of_no_pairs_is_an_empty_float32_array(scorer, empty):
+    got = scorer.predict(empty)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == (0,)
+
+
+def test_predict_with_three_labels_is_n_by_3_and_equal_to_the_oracles(scorer3, oracle3, pairs):
+    got = scorer3.predict(pairs)
+    assert got.dtype == np.float32 and got.shape == (len(pairs), 3)
+    np.testing.assert_allclose(got, oracle3.predict(pairs), rtol=0, atol=ATOL)
+    single = scorer3.predict(pairs[0])
+    assert isinstance(single, np.ndarray) and single.shape == (3,) and single.dtype == np.float32
+    np.testing.assert_allclose(single, oracle3.predict(pairs[0]), rtol=0, atol=ATOL)
+    soft = scorer3.predict(pairs[0], apply_softmax=True)
+    np.testing.assert_allclose(soft, oracle3.predict(pairs[0], apply_softmax=True), rtol=0, atol=ATOL)
+
+
+def test_predict_apply_softmax_gives_rows_summing_to_one_equal_to_the_oracles(scorer3, oracle3, pairs):
+    raw = scorer3.predict(pairs)
+    assert not np.allclose(raw.sum(axis=1), 1.0, atol=1e-3), "raw logits must not already be normalised"
+    got = scorer3.predict(pairs, apply_softmax=True)
+    assert got.shape == (len(pairs), 3)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, torch.softmax(torch.from_numpy(raw), dim=1).numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, oracle3.predict(pairs, apply_softmax=True), rtol=0, atol=ATOL)
+
+
+def test_predict_apply_softmax_leaves_one_label_scores_alone(scorer, pairs):
+    np.testing.assert_array_equal(scorer.predict(pairs, apply_softmax=True), scorer.predict(pairs))
+
+
+def test_predict_convert_to_tensor_gives_a_float32_torch_tensor(scorer, pairs):
+    got = scorer.predict(pairs, convert_to_tensor=True)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.shape == (len(pairs),)
+    assert got.device == scorer.device
+    np.testing.assert_allclose(got.numpy(), scorer.predict(pairs), rtol=0, atol=1e-6)
+    single = scorer.predict(("q", "d"), convert_to_tensor=True)
+    assert isinstance(single, torch.Tensor) and single.ndim == 0
+
+
+def test_predict_scores_do_not_depend_on_batch_size(scorer, pairs):
+    want = scorer.predict(pairs)
+    for batch_size in (1, 2, 5):
+        np.testing.assert_allclose(scorer.predict(pairs, batch_size=batch_size), want, rtol=0, atol=1e-6)
+
+
+def test_predict_scores_do_not_depend_on_the_tokenization_window(scorer, pairs, monkeypatch):
+    import xenc_lab.scorer
+
+    want = scorer.predict(pairs)
+    monkeypatch.setattr(xenc_lab.scorer, "WINDOW", 3)  # windows of 3, 3, and the rest
+    np.testing.assert_allclose(scorer.predict(pairs), want, rtol=0, atol=1e-6)
+
+
+def test_predict_in_bfloat16_returns_float32_scores_close_to_float32(tiny_dir, scorer, pairs):
+    low = Scorer(tiny_dir, device="cpu", dtype="bfloat16")
+    got = low.predict(pairs)
+    assert got.dtype == np.float32 and got.shape == (len(pairs),)
+    np.testing.assert_allclose(got, scorer.predict(pairs), rtol=0, atol=3e-2)
+    assert not np.array_equal(got, scorer.predict(pairs)), "bfloat16 must actually run in bfloat16"
+
+
+def test_predict_per_call_activation_applies_to_that_call_only(scorer, oracle, pairs):
+    default = scorer.predict(pairs)
+    logits = scorer.predict(pairs, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(logits, oracle.predict(pairs, activation_fn=torch.nn.Identity()), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(torch.sigmoid(torch.from_numpy(logits)).numpy(), default, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(scorer.predict(pairs), default)
+    assert isinstance(scorer.activation_fn, torch.nn.Sigmoid)
+
+
+def test_labels_are_the_id2label_names_in_logit_order(scorer, scorer3):
+    assert scorer3.labels == ["contradiction", "entailment", "neutral"]
+    assert scorer3.num_labels == 3
+    assert scorer.labels == ["LABEL_0"]
+
+
+def test_repr_names_architecture_device_dtype_page_size_and_token_budget(tiny_dir):
+    text = repr(Scorer(tiny_dir, device="cpu", dtype="bfloat16", page_size=8, max_batch_tokens=1024))
+    for part in ("BertForSequenceClassification", "'cpu'", "bfloat16", "page_size=8", "max_batch_tokens=1024"):
+        assert part in text, (part, text)
+
+
+# -- bad input: a clear error, raised before any batch runs ------------------------------------------
+class _CountingRunner:
+    def __init__(self, runner):
+        self.runner, self.calls = runner, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        return self.runner(batch)
+
+
+@pytest.fixture
+def counted(scorer, monkeypatch):
+    spy = _CountingRunner(scorer.runner)
+    monkeypatch.setattr(scorer, "runner", spy)
+    return scorer, spy
+
+
+@pytest.mark.parametrize("bad", [None, 7, b"bytes", 1.5], ids=["None", "int", "bytes", "float"])
+@pytest.mark.parametrize("side", [0, 1], ids=["text_1", "text_2"])
+def test_predict_rejects_a_non_str_text_with_typeerror_naming_the_pair_before_running_anything(counted, bad, side):
+    scorer, spy = counted
+    batch = [("fine", "pair")] * 5
+    broken = ["q", "d"]
+    broken[side] = bad
+    batch.append(tuple(broken))
+    batch += [("after", "it")] * 3
+    with pytest.raises(TypeError, match=r"\bpair 5\b") as err:
+        scorer.predict(batch)
+    assert f"text_{side + 1}" in str(err.value) and type(bad).__name__ in str(err.value)
+    assert spy.calls == 0, "a batch ran before the bad pair was reported"
+    # ... and the scorer is unharmed.
+    assert scorer.predict([("fine", "pair")]).shape == (1,) and spy.calls == 1
+
+
+@pytest.mark.parametrize("pairs_in", [[("a", "b"), ("a", "b", "c")], [("a", "b"), ("a",)], ("a", "b", "c")],
+                         ids=["len3-in-list", "len1-in-list", "single-len3"])
+def test_predict_rejects_a_pair_of_the_wrong_length_with_valueerror(counted, pairs_in):
+    scorer, spy = counted
+    with pytest.raises(ValueError, match=r"pair \d+: expected a \(text_1, text_2\) pair"):
+        scorer.predict(pairs_in)
+    assert spy.calls == 0
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.0, True], ids=["zero", "negative", "float", "bool"])
+def test_predict_rejects_a_batch_size_that_is_not_a_positive_int(counted, batch_size):
+    scorer, spy = counted
+    with pytest.raises(ValueError, match="batch_size"):
+        scorer.predict([("a", "b")], batch_size=batch_size)
+    assert spy.calls == 0
+
+
+@pytest.mark.parametrize("bare", ["query and document", b"bytes"], ids=["str", "bytes"])
+def test_predict_rejects_a_bare_string_as_pairs_with_typeerror(counted, bare):
+    scorer, spy = counted
+    with pytest.raises(TypeError, match="pair"):
+        scorer.predict(bare)
+    assert spy.calls == 0
+
+
+def test_predict_rejects_a_non_callable_activation_with_typeerror(scorer):
+    with pytest.raises(TypeError, match="activation_fn"):
+        scorer.predict([("a", "b")], activation_fn="torch.nn.Sigmoid")
+
+
+# -- constructor arguments -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float64", torch.float64, "fp32"], ids=str)
+def test_scorer_rejects_an_unsupported_dtype_with_valueerror(tiny_dir, dtype):
+    with pytest.raises(ValueError, match="dtype"):
+        Scorer(tiny_dir, device="cpu", dtype=dtype)
+
+
+def test_scorer_rejects_a_token_budget_smaller_than_one_max_length_pair(tiny_dir):
+    # max_length is 64 (the position table caps the tokenizer's 512): 64 tokens = 4 pages of 16.
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Scorer(tiny_dir, device="cpu", max_batch_tokens=48)
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Scorer(tiny_dir, device="cpu", max_length=40, page_size=32, max_batch_tokens=32)  # 40 -> 2 pages of 32
+    assert Scorer(tiny_dir, device="cpu", max_batch_tokens=64).max_length == 64  # exactly one pair fits
+
+
+def test_scorer_with_the_smallest_budget_still_scores_like_the_oracle(tiny_dir, oracle, pairs):
+    small = Scorer(tiny_dir, device="cpu", page_size=4, max_batch_tokens=64)
+    np.testing.assert_allclose(small.predict(pairs), oracle.predict(pairs), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("page_size", [0, -16, 2.5], ids=str)
+def test_scorer_rejects_a_page_size_that_is_not_a_positive_int(tiny_dir, page_size):
+    with pytest.raises(ValueError, match="page_size"):
+        Scorer(tiny_dir, device="cpu", page_size=page_size)
+
+
+def test_scorer_rejects_a_non_callable_activation_with_typeerror(tiny_dir):
+    with pytest.raises(TypeError, match="activation_fn"):
+        Scorer(tiny_dir, device="cpu", activation_fn="sigmoid")
+
+
+def test_scorer_caps_max_length_at_the_position_table_like_the_oracle(scorer, oracle):
+    assert scorer.max_length == oracle.max_seq_length == 64
+
+
+def test_an_explicit_max_length_truncates_longest_first_like_the_oracle(tiny_dir):
+    from sentence_transformers import CrossEncoder
+
+    ours, theirs = Scorer(tiny_dir, device="cpu", max_length=16), CrossEncoder(str(tiny_dir), device="cpu", max_length=16)
+    assert ours.max_length == theirs.max_seq_length == 16
+    long_pairs = [("q " * 20, "d " * 20), ("q", "d " * 30), ("a b c " * 10, "x")]
+    got = ours.predict(long_pairs)
+    np.testing.assert_allclose(got, theirs.predict(long_pairs), rtol=0, atol=ATOL)
+    assert got[1] == pytest.approx(float(ours.predict(("q", "d " * 12))), abs=1e-6)  # 16 = CLS q SEP 12 d SEP
+
+
+def test_a_max_length_beyond_the_position_table_is_refused_with_a_clear_valueerror(tiny_dir):
+    with pytest.raises(ValueError, match="max_length"):
+        Scorer(tiny_dir, device="cpu", max_length=100).predict([("q", "word " * 200)])

@@ -1,0 +1,215 @@
+"""Side-by-side throughput: xenc_lab against sentence-transformers' CrossEncoder, in one process.
+
+Both engines score the same pairs at the same dtype and thread count, tokenization included, in
+alternating runs; the ratio of their pairs/s is the result (these machines are noisy, ratios less so).
+The model's math is counted as 2 x non-embedding matmul parameters x tokens plus attention, and shown
+against a GEMM rate measured on the spot at the model's own shapes (the ceiling).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .workloads import make_pairs
+
+
+@dataclass
+class BenchRow:
+    workload: str
+    dtype: str
+    engine: str
+    pairs: int
+    mean_tokens: float
+    pairs_per_s: float
+    ratio: float  # pairs/s over sentence-transformers' at the same dtype
+    gflops: float  # achieved GFLOP/s of the model's math
+    ceiling_share: float  # gflops / GEMM rate measured at the model's shapes
+    max_abs_delta: float  # against sentence-transformers fp32 on the same pairs
+    seconds: float
+
+
+def encoder_dims(config) -> tuple[int, int, int]:
+    """(layers, hidden, intermediate) of an encoder config, whatever the family calls them."""
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers")
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "dim")
+    inter = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim")
+    return layers, hidden, inter
+
+
+def model_gflop(config, lengths: np.ndarray) -> float:
+    """2 x non-embedding matmul weights x tokens + attention's 4 x layers x d x n^2, in GFLOP."""
+    layers, d, f = encoder_dims(config)
+    weights = layers * (4 * d * d + 2 * d * f)
+    lengths = lengths.astype(np.float64)
+    return (2 * weights * lengths.sum() + 4 * layers * d * (lengths**2).sum()) / 1e9
+
+
+def gemm_rate(config, dtype: torch.dtype, tokens: int = 4096, repeats: int = 5) -> float:
+    """GFLOP/s of torch's GEMM at the model's projection shapes (tokens x d -> d, 3d, f; f -> d)."""
+    _, d, f = encoder_dims(config)
+    shapes = [(d, 3 * d), (d, d), (d, f), (f, d)]
+    x = {k: torch.randn(tokens, k, dtype=dtype) for k in {d, f}}
+    w = {(k, n): torch.randn(n, k, dtype=dtype) for k, n in shapes}
+    flop = sum(2 * tokens * k * n for k, n in shapes)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for k, n in shapes:
+            torch.nn.functional.linear(x[k], w[k, n])
+        best = min(best, time.perf_counter() - start)
+    return flop / best / 1e9
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16, read from the CPU's flags (never assumed)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def run(
+    model_path=None,
+    workloads=("short", "mixed", "long"),
+    dtypes=("float32", "bfloat16"),
+    n_pairs: int = 256,
+    repeats: int = 3,
+    compile: bool = False,
+    st_batch_size: int = 32,
+    seed: int = 0,
+    log=print,
+) -> list[BenchRow]:
+    """Benchmark rows for each (workload, dtype): sentence-transformers then xenc_lab."""
+    from sentence_transformers import CrossEncoder
+
+    from . import Scorer
+    from .zoo import minilm_cross_encoder
+
+    path = str(model_path or minilm_cross_encoder())
+    identity = torch.nn.Identity()
+    rows: list[BenchRow] = []
+    reference = CrossEncoder(path, device="cpu")
+    for dtype in dtypes:
+        if dtype == "bfloat16" and not cpu_has_fast_bf16():
+            log("skipping bfloat16: this CPU has neither AMX nor AVX512-BF16")
+            continue
+        torch_dtype = getattr(torch, dtype)
+        ours = Scorer(path, device="cpu", dtype=dtype, compile=compile)
+        theirs = reference if dtype == "float32" else CrossEncoder(path, device="cpu", model_kwargs={"dtype": torch_dtype})
+        ceiling = gemm_rate(ours.hf_config, torch_dtype)
+        for workload in workloads:
+            pairs = make_pairs(workload, n_pairs, seed=seed)
+            enc = ours.tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
+            gflop = model_gflop(ours.hf_config, enc.lengths)
+            exact = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
+            warm = pairs[: min(64, len(pairs))]
+            ours.predict(warm, activation_fn=identity)  # compiles, when asked, outside the timing
+            theirs.predict(warm, activation_fn=identity, batch_size=st_batch_size)
+            times = {"sentence-transformers": [], "xenc_lab": []}
+            outs = {}
+            for r in range(repeats):  # alternate which engine goes first
+                engines = [("sentence-transformers", lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)),
+                           ("xenc_lab", lambda: ours.predict(pairs, activation_fn=identity))]
+                for name, fn in engines if r % 2 == 0 else engines[::-1]:
+                    seconds, outs[name] = _timed(fn)
+                    times[name].append(seconds)
+            base = None
+            for name in ("sentence-transformers", "xenc_lab"):
+                seconds = statistics.median(times[name])
+                rate = len(pairs) / seconds
+                base = base or rate
+                row = BenchRow(
+                    workload=workload, dtype=dtype, engine=name, pairs=len(pairs),
+                    mean_tokens=float(enc.lengths.mean()), pairs_per_s=rate, ratio=rate / base,
+                    gflops=gflop / seconds, ceiling_share=gflop / seconds / ceiling,
+                    max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
+                )
+                rows.append(row)
+                log(
+                    f"{workload:>5} {dtype:>8} {name:>21}: {rate:8.1f} pairs/s  x{row.ratio:.2f}  "
+                    f"{row.gflops:7.1f} GFLOP/s ({100 * row.ceiling_share:.0f}% of {ceiling:.0f})  "
+                    f"max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
+                )
+        if compile:
+            log(f"compiled shapes ({dtype}): {len(ours.runner.shapes_seen)}")
+    return rows
+
+
+def as_dicts(rows: list[BenchRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+def machine() -> str:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    bf16 = "AMX/AVX512-BF16" if cpu_has_fast_bf16() else "no fast bf16"
+    return f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}"
+
+
+def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
+    """reports/throughput.md and reports/throughput.png from benchmark rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Throughput: xenc_lab against sentence-transformers",
+        "",
+        f"Machine: {machine()}. Regenerate with `{command}`.",
+        "Both engines in one process on the same pairs, alternating runs, tokenization included; "
+        "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
+        "GFLOP/s counts the model's math (2 x non-embedding matmul weights x tokens + attention); "
+        "`ceiling` is that as a share of a GEMM rate measured on the spot at the model's shapes. "
+        "`max abs delta` is against sentence-transformers in fp32 on the same pairs (raw logits).",
+        "",
+        "| workload | dtype | engine | pairs | mean tokens | pairs/s | ratio | GFLOP/s | ceiling | max abs delta |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
+            f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
+        )
+    if notes:
+        lines += ["", notes]
+    lines += ["", "![pairs/s by mode and workload](throughput.png)", ""]
+    (out_dir / "throughput.md").write_text("\n".join(lines))
+
+    modes = sorted({(r.dtype, r.engine) for r in rows})
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(modes), 1)
+    for i, (dtype, engine) in enumerate(modes):
+        rates = [next((r.pairs_per_s for r in rows if (r.workload, r.dtype, r.engine) == (w, dtype, engine)), 0) for w in workloads]
+        ax.bar(np.arange(len(workloads)) + i * width, rates, width, label=f"{engine} {dtype}")
+    ax.set_xticks(np.arange(len(workloads)) + width * (len(modes) - 1) / 2, workloads)
+    ax.set_ylabel("pairs/s")
+    ax.set_title("Cross-encoder throughput (higher is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=120)
+    plt.close(fig)
+    return out_dir / "throughput.md"

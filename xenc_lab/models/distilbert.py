@@ -1,0 +1,94 @@
+"""DistilBERT, packed. Learned (or stored sinusoidal) positions, no token types, post-norm blocks,
+and a pre_classifier + ReLU head. Attribute names mirror the checkpoint."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import get_activation
+
+from ..batch import PackedBatch
+from ..layers import fuse_linears, packed_attention
+
+EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.dim)
+        self.LayerNorm = nn.LayerNorm(config.dim, eps=EPS)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        return self.LayerNorm(self.word_embeddings(batch.input_ids) + self.position_embeddings(batch.positions))
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.q_lin, self.k_lin, self.v_lin = (nn.Linear(config.dim, config.dim) for _ in range(3))
+        self.out_lin = nn.Linear(config.dim, config.dim)
+
+    def after_load(self) -> None:
+        self.qkv = fuse_linears(self.q_lin, self.k_lin, self.v_lin)
+        del self.q_lin, self.k_lin, self.v_lin
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        return self.out_lin(packed_attention(self.qkv(x), batch, self.n_heads))
+
+
+class FFN(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.lin1 = nn.Linear(config.dim, config.hidden_dim)
+        self.lin2 = nn.Linear(config.hidden_dim, config.dim)
+        self.activation = get_activation(config.activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin2(self.activation(self.lin1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = MultiHeadSelfAttention(config)
+        self.sa_layer_norm = nn.LayerNorm(config.dim, eps=EPS)
+        self.ffn = FFN(config)
+        self.output_layer_norm = nn.LayerNorm(config.dim, eps=EPS)
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        x = self.sa_layer_norm(self.attention(x, batch) + x)
+        return self.output_layer_norm(self.ffn(x) + x)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+
+
+class DistilBertModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embeddings = Embeddings(config)
+        self.transformer = Transformer(config)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.embeddings(batch)
+        for layer in self.transformer.layer:
+            x = layer(x, batch)
+        return x
+
+
+class DistilBertForSequenceClassification(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.distilbert = DistilBertModel(config)
+        self.pre_classifier = nn.Linear(config.dim, config.dim)
+        self.classifier = nn.Linear(config.dim, config.num_labels)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        first = self.distilbert(batch)[batch.first_index]
+        return self.classifier(F.relu(self.pre_classifier(first)))

@@ -1,0 +1,184 @@
+"""ModernBERT, packed: rotary positions with a theta per layer kind, global and sliding-window attention,
+a GeGLU MLP, pre-norm layers, and a CLS or mean-pooled classification head.
+
+Everything but attention runs on the (T, d) stream; attention goes to the (B, L) layout per pair, with
+the key mask on global layers and ``|i - j| <= local_attention // 2`` on sliding ones, as transformers'
+SDPA path. Attribute names mirror the checkpoints; LayerNorms carry a bias only when ``norm_bias``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from ..batch import PackedBatch
+from ..layers import packed_attention, to_padded, window_mask
+
+KINDS = ("full_attention", "sliding_attention")
+# These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
+_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def _norm(config) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+
+def _rope_type(config, kind: str) -> str:
+    params = (config.rope_parameters or {}).get(kind)
+    if params is None:
+        raise ValueError(f"config.rope_parameters has no entry for {kind!r} layers: {config.rope_parameters!r}")
+    rope_type = params.get("rope_type", "default")
+    if rope_type in _LENGTH_DEPENDENT_ROPE or (rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS):
+        raise ValueError(f"rope_type {rope_type!r} ({kind} layers) is not supported by the packed engine")
+    return rope_type
+
+
+def rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(T, 3 * d) -> (T, 3 * d) with q and k rotated; cos, sin: (T, dh). In float32, as transformers."""
+    T, dh = qkv.shape[0], cos.shape[-1]
+    q, k, v = qkv.view(T, 3, -1, dh).unbind(1)  # (T, H, dh) each
+    cos, sin = cos[:, None], sin[:, None]
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        x1, x2 = x.chunk(2, dim=-1)
+        return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(v.dtype)
+
+    return torch.stack((rot(q), rot(k), v), dim=1).view(T, -1)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.norm = _norm(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.tok_embeddings(ids))
+
+
+class Attention(nn.Module):
+    def __init__(self, config, kind: str):
+        super().__init__()
+        d = config.hidden_size
+        if d % config.num_attention_heads:
+            raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {config.num_attention_heads}")
+        self.num_heads, self.head_dim, self.kind = config.num_attention_heads, d // config.num_attention_heads, kind
+        self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
+        self.Wo = nn.Linear(d, d, bias=config.attention_bias)
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, masks: dict) -> torch.Tensor:
+        qkv = rotate(self.Wqkv(x), *rope[self.kind])
+        out = packed_attention(qkv, batch, self.num_heads, scale=self.head_dim**-0.5, mask=masks[self.kind])
+        return self.Wo(out)
+
+
+class MLP(nn.Module):
+    """GeGLU: Wi -> (input, gate) -> act(input) * gate -> Wo."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.act = ACT2FN[config.hidden_activation]
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inp, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.act(inp) * gate)
+
+
+class Layer(nn.Module):
+    def __init__(self, config, index: int):
+        super().__init__()
+        self.attn_norm = nn.Identity() if index == 0 else _norm(config)
+        self.attn = Attention(config, config.layer_types[index])
+        self.mlp_norm = _norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, masks: dict) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), batch, rope, masks)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBertModel(nn.Module):
+    """Embeddings + layers over a packed stream: (T,) ids -> (T, d) hidden states, before final_norm."""
+
+    def __init__(self, config):
+        super().__init__()
+        kinds = list(config.layer_types)
+        if len(kinds) != config.num_hidden_layers or not set(kinds) <= set(KINDS):
+            raise ValueError(f"layer_types must be {config.num_hidden_layers} of {KINDS}, got {kinds}")
+        self.config = config
+        self.rope_types = {kind: _rope_type(config, kind) for kind in sorted(set(kinds))}
+        self.local_attention = config.local_attention
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = _norm(config)
+
+    def after_load(self) -> None:
+        """Rotary inverse frequencies per layer kind, computed on the CPU in float32 as transformers does."""
+        self.rope_scaling = {}
+        for kind, rope_type in self.rope_types.items():
+            if rope_type == "default":
+                theta = self.config.rope_parameters[kind]["rope_theta"]
+                dim = self.config.hidden_size // self.config.num_attention_heads
+                inv_freq, scaling = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+            else:
+                inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](self.config, None, layer_type=kind)
+            self.register_buffer(f"{kind}_inv_freq", inv_freq.to(self.final_norm.weight.device), persistent=False)
+            self.rope_scaling[kind] = scaling
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
+        """{kind: (cos, sin)}, each (T, dh) in the model's dtype."""
+        out = {}
+        for kind, scaling in self.rope_scaling.items():
+            freqs = positions.float()[:, None] * getattr(self, f"{kind}_inv_freq")  # (T, dh / 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            out[kind] = ((emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype))
+        return out
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.embeddings(batch.input_ids)  # (T, d)
+        rope = self.rope(batch.positions, x.dtype)
+        masks = {"full_attention": None}  # None: packed_attention's key mask
+        if "sliding_attention" in rope:
+            masks["sliding_attention"] = window_mask(batch, self.local_attention)  # (B, 1, L, L)
+        for layer in self.layers:
+            x = layer(x, batch, rope, masks)
+        return x
+
+
+class PredictionHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.act = ACT2FN[config.classifier_activation]
+        self.norm = _norm(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))
+
+
+class ModernBertForSequenceClassification(nn.Module):
+    base_name = "model"
+
+    def __init__(self, config):
+        super().__init__()
+        if config.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling must be 'cls' or 'mean', got {config.classifier_pooling!r}")
+        self.pooling = config.classifier_pooling
+        self.model = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)  # always biased, as transformers
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.model(batch)  # (T, d)
+        if self.pooling == "cls":
+            pooled = self.model.final_norm(x[batch.first_index])  # (B, d)
+        else:
+            # As transformers: (hidden * mask).sum(1) / mask.sum(1), over the pair's real tokens.
+            B, L = batch.seq_lens.shape[0], batch.max_seqlen
+            hidden = to_padded(self.model.final_norm(x), batch) * batch.key_mask.view(B, L, 1)  # (B, L, d)
+            pooled = hidden.sum(dim=1) / batch.seq_lens[:, None]
+        return self.classifier(self.head(pooled))
