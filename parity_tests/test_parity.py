@@ -8,13 +8,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from . import strategies as S
 from .conftest import ARCHS, model_dir, oracle, scorer
 
 IDENTITY = torch.nn.Identity()
+
+
+def share(fraction: float) -> settings:
+    """A share of the profile's examples, for the properties that cost the most per example."""
+    return settings(max_examples=max(10, int(settings.default.max_examples * fraction)))
 
 
 def _st_token_ids(ce, pairs):
@@ -37,6 +42,7 @@ def test_raw_logits_equal_crossencoder(arch, pairs, recorder):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@share(0.5)
 @given(pairs=S.pairs, softmax=st.booleans())
 def test_activated_scores_equal_crossencoder(arch, pairs, softmax, recorder):
     ours = scorer(arch).predict(pairs, apply_softmax=softmax)
@@ -59,6 +65,7 @@ def test_token_ids_equal_sentence_transformers_preprocess(arch, pairs):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@share(0.75)
 @given(pairs=S.pairs, max_length=st.sampled_from([8, 23, 64]))
 def test_truncation_at_small_max_length_equals_crossencoder(arch, max_length, pairs, recorder):
     ours_scorer = scorer(arch, max_length=max_length)
@@ -82,6 +89,7 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@share(0.5)
 @given(pairs=S.mixed_pairs, layout=st.sampled_from(LAYOUTS), data=st.data())
 def test_pair_score_independent_of_batchmates_pages_budget_and_order(arch, pairs, layout, data):
     alone = np.stack([scorer(arch).predict([p], activation_fn=IDENTITY, batch_size=1)[0] for p in pairs])

@@ -21,19 +21,15 @@ class PackedBatch:
     input_ids: torch.Tensor  # (T,) int64
     token_type_ids: torch.Tensor | None  # (T,) int64
     positions: torch.Tensor  # (T,) int64, 0-based within each pair
-    cu_seqlens: torch.Tensor  # (B + 1,) int32, pair b is tokens cu_seqlens[b]:cu_seqlens[b + 1]
+    cu_seqlens: torch.Tensor  # (P + 1,) int32, pair b is tokens cu_seqlens[b]:cu_seqlens[b + 1]
     seq_lens: torch.Tensor  # (B,) int64
-    max_seqlen: int  # L: longest pair, rounded up to a whole page
+    max_seqlen: int  # L: longest pair + 1, rounded up to a whole page
     pad_index: torch.Tensor  # (B * L,) int64, the stream token at each (pair, slot); slots past a pair repeat its first token
     unpad_index: torch.Tensor  # (T,) int64, the (pair, slot) of each stream token; filler tokens point at slot 0
     key_mask: torch.Tensor  # (B, 1, 1, L) bool, True where the slot holds one of the pair's tokens
-    pairs: np.ndarray  # (B,) which input pair each sequence is
+    first_index: torch.Tensor  # (B,) int64, the stream index of each pair's first token ([CLS] / <s>)
+    pairs: np.ndarray  # (P,) which input pair each sequence is; sequences past P are shape filler
     num_tokens: int  # real tokens, without the filler
-
-    @property
-    def first_index(self) -> torch.Tensor:
-        """(B,) the stream index of each pair's first token ([CLS] / <s>)."""
-        return self.cu_seqlens[:-1].long()
 
     def to(self, device: torch.device) -> "PackedBatch":
         moved = {}
@@ -43,11 +39,24 @@ class PackedBatch:
         return PackedBatch(**moved)
 
 
-def pack(enc: Encodings, pairs: np.ndarray, page_size: int, pad_token_id: int = 0) -> PackedBatch:
+def pack(
+    enc: Encodings,
+    pairs: np.ndarray,
+    page_size: int,
+    pad_token_id: int = 0,
+    shape: tuple[int, int, int] | None = None,
+) -> PackedBatch:
+    """Lay the pairs end to end. ``shape`` = (T, B, L) pads the batch to a fixed shape (for compiled
+    forwards): filler tokens, and filler sequences that each see only the stream's first token."""
     lens = enc.lengths[pairs]
     n_real = int(lens.sum())
     total = pages_for(n_real, page_size) * page_size
-    seq_len = pages_for(int(lens.max()), page_size) * page_size
+    # At least one key slot past the longest pair: every pair then takes SDPA's masked path, whose result
+    # does not depend on L, so a pair's score does not depend on its batchmates.
+    seq_len = pages_for(int(lens.max()) + 1, page_size) * page_size
+    if shape is not None:
+        assert shape[0] >= total and shape[1] >= len(pairs) and shape[2] >= seq_len, (shape, total, len(pairs), seq_len)
+        total, seq_len = shape[0], shape[2]
     starts = np.zeros(len(pairs) + 1, dtype=np.int64)
     np.cumsum(lens, out=starts[1:])
 
@@ -64,9 +73,14 @@ def pack(enc: Encodings, pairs: np.ndarray, page_size: int, pad_token_id: int = 
         token_type_ids = np.zeros(total, dtype=np.int64)
         token_type_ids[:n_real] = enc.type_ids[src]
 
+    seq_lens, first = lens, starts[:-1]
+    if shape is not None and shape[1] > len(pairs):
+        extra = shape[1] - len(pairs)
+        seq_lens = np.concatenate([lens, np.ones(extra, dtype=np.int64)])
+        first = np.concatenate([first, np.zeros(extra, dtype=np.int64)])
     slot = np.arange(seq_len, dtype=np.int64)
-    valid = slot[None, :] < lens[:, None]  # (B, L)
-    pad_index = np.where(valid, starts[:-1, None] + slot[None, :], starts[:-1, None])
+    valid = slot[None, :] < seq_lens[:, None]  # (B, L)
+    pad_index = np.where(valid, first[:, None] + slot[None, :], first[:, None])
     seq_of_token = np.repeat(np.arange(len(pairs), dtype=np.int64), lens)
     unpad_index = np.zeros(total, dtype=np.int64)
     unpad_index[:n_real] = seq_of_token * seq_len + within
@@ -76,11 +90,12 @@ def pack(enc: Encodings, pairs: np.ndarray, page_size: int, pad_token_id: int = 
         token_type_ids=None if token_type_ids is None else torch.from_numpy(token_type_ids),
         positions=torch.from_numpy(positions),
         cu_seqlens=torch.from_numpy(starts.astype(np.int32)),
-        seq_lens=torch.from_numpy(lens.astype(np.int64)),
+        seq_lens=torch.from_numpy(seq_lens.astype(np.int64)),
         max_seqlen=int(seq_len),
         pad_index=torch.from_numpy(pad_index.reshape(-1)),
         unpad_index=torch.from_numpy(unpad_index),
         key_mask=torch.from_numpy(valid[:, None, None, :].copy()),
+        first_index=torch.from_numpy(first.astype(np.int64)),
         pairs=pairs,
         num_tokens=n_real,
     )

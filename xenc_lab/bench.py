@@ -143,7 +143,7 @@ def run(
                     f"max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
                 )
         if compile:
-            log(f"compiled shapes ({dtype}): {len(ours.runner.shapes_seen)}")
+            log(f"compiled shapes ({dtype}): {len(ours.runner.shapes)}, first-call (compile) time {ours.runner.compile_seconds:.1f} s")
     return rows
 
 
@@ -213,3 +213,25 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     fig.savefig(out_dir / "throughput.png", dpi=120)
     plt.close(fig)
     return out_dir / "throughput.md"
+
+
+def peak_rss_mb(n_pairs: int, model_path=None, workload: str = "mixed", dtype: str = "float32") -> float:
+    """Peak resident memory (MB) of a fresh process that scores ``n_pairs`` pairs, input included."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, resource, sys\n"
+        "from xenc_lab import Scorer\n"
+        "from xenc_lab.workloads import make_pairs\n"
+        "from xenc_lab.zoo import minilm_cross_encoder\n"
+        "path, n, workload, dtype = json.loads(sys.argv[1])\n"
+        "scorer = Scorer(path or minilm_cross_encoder(), device='cpu', dtype=dtype)\n"
+        "scores = scorer.predict(make_pairs(workload, n, seed=7), show_progress_bar=False)\n"
+        "assert len(scores) == n\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype])
+    out = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])

@@ -74,6 +74,30 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import bench as B
+
+    rows = B.run(
+        args.model, workloads=args.workloads, dtypes=args.dtypes, n_pairs=args.pairs,
+        repeats=args.repeats, compile=args.compile,
+    )
+    notes = []
+    if args.memory:
+        small, large = B.peak_rss_mb(2000, args.model), B.peak_rss_mb(20000, args.model)
+        notes.append(
+            f"Peak RSS of a fresh process scoring mixed pairs, input included: 2,000 pairs {small:.0f} MB, "
+            f"20,000 pairs {large:.0f} MB ({large / small:.2f}x for 10x the input)."
+        )
+        print(notes[-1])
+    if args.report:
+        command = "xenc-lab bench " + " ".join(args.argv)
+        path = B.write_report(rows, Path(args.report), command.strip(), "\n".join(notes))
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xenc-lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,7 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--pairs", type=int, default=256, help="pairs in the throughput run")
     p.set_defaults(func=demo)
+    b = sub.add_parser("bench", help="pairs/s of xenc_lab and sentence-transformers side by side")
+    b.add_argument("--model", default=None, help="model directory or hub id (default: the offline MiniLM-L6 cross-encoder)")
+    b.add_argument("--workloads", nargs="+", default=["short", "mixed", "long"], choices=["short", "mixed", "long"])
+    b.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    b.add_argument("--pairs", type=int, default=256, help="pairs per workload")
+    b.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median is reported)")
+    b.add_argument("--compile", action="store_true", help="torch.compile xenc_lab's forward")
+    b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
+    b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
+    b.set_defaults(func=bench)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.argv = argv
     return args.func(args)
 
 

@@ -18,6 +18,21 @@ def from_padded(y: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return y.reshape(-1, *y.shape[2:])[batch.unpad_index]
 
 
+try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # pragma: no cover
+    _varlen_attn = None
+
+
+def _packed_varlen(qkv: torch.Tensor, batch: PackedBatch, num_heads: int, scale: float | None) -> torch.Tensor:
+    T, d = qkv.shape[0], qkv.shape[-1] // 3
+    q, k, v = qkv.view(T, 3, num_heads, d // num_heads).unbind(1)  # (T, H, dh) each
+    # The page filler past the last pair is one more sequence of its own, so every row is defined.
+    cu = torch.cat([batch.cu_seqlens, batch.cu_seqlens.new_full((1,), T)])
+    out = _varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale=scale)
+    return out.reshape(T, d)
+
+
 def window_mask(batch: PackedBatch, window: int) -> torch.Tensor:
     """(B, 1, L, L) bool: key j is visible from query i when |i - j| <= window // 2 and j is a real token."""
     slots = torch.arange(batch.max_seqlen, device=batch.key_mask.device)
@@ -35,8 +50,12 @@ def packed_attention(
     """Scaled dot-product attention within each pair: (T, 3 * d) -> (T, d). Never crosses a pair boundary.
 
     ``mask`` replaces the key mask: a bool mask or an additive float bias broadcastable to (B, H, L, L).
+    On CUDA in half precision, plain attention runs on the packed stream itself (flash varlen kernel);
+    elsewhere the stream is laid out per pair and fused SDPA runs with a key mask.
     """
     d = qkv.shape[-1] // 3
+    if mask is None and qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16) and _varlen_attn is not None:
+        return _packed_varlen(qkv, batch, num_heads, scale)
     B, L = batch.seq_lens.shape[0], batch.max_seqlen
     q, k, v = to_padded(qkv, batch).view(B, L, 3, num_heads, d // num_heads).permute(2, 0, 3, 1, 4)
     attn_mask = batch.key_mask if mask is None else mask

@@ -43,3 +43,21 @@ def plan_batches(
     if start < len(order):
         batches.append(order[start:])
     return batches
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def bucket_shape(tokens: int, pairs: int, longest: int, page_size: int, max_pages: int) -> tuple[int, int, int]:
+    """Quantize a batch's (tokens, pairs, attention length) to a few shapes, for compiled forwards.
+
+    Tokens go up to a multiple of an eighth of the budget, pairs up to a power of two, and the attention
+    length (which keeps a slot past the longest pair, see batch.pack) up to a power of two pages: a long
+    run meets a handful of shapes, and the filler costs at most an eighth of the per-token work.
+    """
+    pages = _round_up(pages_for(tokens, page_size), max(1, max_pages // 8))
+    length_pages = 1 << (pages_for(longest, page_size) - 1).bit_length()
+    if length_pages * page_size <= longest:  # a pair exactly a power of two pages long: one more page
+        length_pages += 1
+    return pages * page_size, 1 << (pairs - 1).bit_length(), length_pages * page_size

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -12,13 +13,13 @@ from tqdm.auto import tqdm
 from .batch import pack
 from .config import ScorerConfig
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
-from .pages import pages_for, plan_batches
+from .pages import bucket_shape, pages_for, plan_batches
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
 from .st_format import read_cross_encoder_save
 from .tokenize import PairTokenizer
 
-WINDOW = 4096  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
+WINDOW = 1024  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
 
 
 def _is_single_pair(inputs) -> bool:
@@ -102,6 +103,7 @@ class Scorer:
         self.runner = ModelRunner(model, self.device, compile)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
+        self.overlap_tokenization = True
 
     # -- properties a notebook reaches for --------------------------------------------------------
     @property
@@ -144,6 +146,23 @@ class Scorer:
             return self.save.prompts[prompt_name]
         return self.save.prompts.get(self.save.default_prompt_name) if self.save.default_prompt_name else None
 
+    def _tokenized_windows(self, text_1: list[str], text_2: list[str]):
+        """Yield (start, Encodings) per window of pairs; the next window is tokenized in a background
+        thread while the caller runs the model on this one (the tokenizer releases the GIL)."""
+        starts = range(0, len(text_1), WINDOW)
+        if len(starts) <= 1 or not self.overlap_tokenization:
+            for start in starts:
+                yield start, self.tokenizer(text_1[start : start + WINDOW], text_2[start : start + WINDOW])
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xenc-tokenize") as pool:
+            submit = lambda start: pool.submit(self.tokenizer, text_1[start : start + WINDOW], text_2[start : start + WINDOW])
+            pending = submit(starts[0])
+            for i, start in enumerate(starts):
+                enc = pending.result()
+                if i + 1 < len(starts):
+                    pending = submit(starts[i + 1])
+                yield start, enc
+
     def logits(
         self,
         pairs: Sequence,
@@ -161,11 +180,13 @@ class Scorer:
             show_progress_bar = n >= 2048
         cfg = self.config
         with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
-            for start in range(0, n, WINDOW):
-                stop = min(start + WINDOW, n)
-                enc = self.tokenizer(text_1[start:stop], text_2[start:stop])
+            for start, enc in self._tokenized_windows(text_1, text_2):
                 for pairs_idx in plan_batches(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
-                    batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id)
+                    shape = None
+                    if cfg.compile:
+                        lens = enc.lengths[pairs_idx]
+                        shape = bucket_shape(int(lens.sum()), len(pairs_idx), int(lens.max()), cfg.page_size, cfg.pages_per_batch)
+                    batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id, shape)
                     logits = self.runner(batch).float().cpu()
                     out[torch.from_numpy(pairs_idx + start)] = logits
                     bar.update(len(pairs_idx))

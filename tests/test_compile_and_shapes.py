@@ -1,0 +1,78 @@
+"""Page-quantized shapes for compiled forwards: few shapes, same scores."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xenc_lab import Scorer
+from xenc_lab.batch import pack
+from xenc_lab.pages import bucket_shape, pages_for, plan_batches
+from xenc_lab.workloads import make_pairs
+
+from .conftest import PAIRS
+
+
+@given(
+    lengths=st.lists(st.integers(1, 512), min_size=1, max_size=64),
+    page_size=st.sampled_from([1, 8, 16, 64]),
+)
+def test_bucket_shape_holds_the_batch_in_whole_pages_within_the_budget(lengths, page_size):
+    max_pages = pages_for(8192, page_size)
+    tokens, pairs, longest = sum(lengths), len(lengths), max(lengths)
+    if pages_for(tokens, page_size) > max_pages:
+        return
+    T, B, L = bucket_shape(tokens, pairs, longest, page_size, max_pages)
+    assert T >= tokens and T % page_size == 0 and T <= max_pages * page_size
+    assert B >= pairs and B < 2 * pairs
+    assert L > longest and L % page_size == 0 and L <= 2 * max(longest, page_size) + page_size
+
+
+def test_a_long_mixed_run_meets_a_handful_of_shapes():
+    rng = np.random.default_rng(0)  # 3,000 pair lengths shaped like the mixed workload: most short, a tail to 512
+    lengths = np.minimum(np.concatenate([rng.integers(20, 90, 1500), rng.integers(90, 300, 1050), rng.integers(300, 700, 450)]), 512)
+    batches = plan_batches(lengths, 16, 512)
+    shapes = {bucket_shape(int(lengths[b].sum()), len(b), int(lengths[b].max()), 16, 512) for b in batches}
+    plain = {(pages_for(int(lengths[b].sum()), 16), len(b), int(lengths[b].max())) for b in batches}
+    assert len(shapes) <= 12 < len(plain), (len(shapes), len(plain))
+
+
+def test_padding_a_batch_to_a_bucket_shape_changes_no_logit(scorer):
+    enc = scorer.tokenizer([p[0] for p in PAIRS], [p[1] for p in PAIRS])
+    order = np.argsort(-enc.lengths, kind="stable")
+    lens = enc.lengths[order]
+    exact = scorer.runner(pack(enc, order, 16, scorer.pad_token_id))
+    shape = bucket_shape(int(lens.sum()), len(order), int(lens.max()), 16, 64)
+    padded = scorer.runner(pack(enc, order, 16, scorer.pad_token_id, shape))
+    assert padded.shape == exact.shape == (len(PAIRS), 1)
+    torch.testing.assert_close(padded, exact, atol=1e-6, rtol=0)
+
+
+def test_compiled_scorer_equals_eager_and_compiles_few_shapes(tiny_dir):
+    eager = Scorer(tiny_dir, device="cpu")
+    compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
+    pairs = PAIRS + make_pairs("short", 40, seed=2)
+    np.testing.assert_allclose(compiled.predict(pairs), eager.predict(pairs), atol=1e-5, rtol=0)
+    assert compiled.runner.compiled and 1 <= len(compiled.runner.shapes) <= 8
+    assert all(T % 16 == 0 for T, _, _ in compiled.runner.shapes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cuda_scores_equal_crossencoder(tiny_dir, dtype):
+    from sentence_transformers import CrossEncoder
+
+    ours = Scorer(tiny_dir, device="cuda", dtype=dtype).predict(PAIRS, activation_fn=torch.nn.Identity())
+    exact = CrossEncoder(str(tiny_dir), device="cpu").predict(PAIRS, activation_fn=torch.nn.Identity())
+    tol = 1e-4 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(ours, exact, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_compiled_with_cuda_graphs_equals_eager(tiny_dir):
+    eager = Scorer(tiny_dir, device="cuda", dtype="bfloat16")
+    graphs = Scorer(tiny_dir, device="cuda", dtype="bfloat16", compile=True)
+    pairs = PAIRS + make_pairs("mixed", 64, seed=4)
+    np.testing.assert_allclose(graphs.predict(pairs), eager.predict(pairs), atol=2e-2, rtol=2e-2)
