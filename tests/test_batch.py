@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenc_lab.batch import pack
+from xenc_lab.batch import ATTENTION_ALIGN, pack
 from xenc_lab.pages import pages_for
 from xenc_lab.tokenize import Encodings
 
@@ -70,9 +70,9 @@ def test_pack_stream_is_the_fewest_whole_pages_with_pad_filler(case):
     assert b.positions.shape == (total,)
     if b.token_type_ids is not None:
         assert b.token_type_ids.shape == (total,)
-    assert b.max_seqlen % page_size == 0
+    assert b.max_seqlen % ATTENTION_ALIGN == 0
     # one key slot past the longest pair, so every pair takes the same (masked) attention path
-    assert b.max_seqlen == pages_for(int(enc.lengths[pairs].max()) + 1, page_size) * page_size
+    assert b.max_seqlen == pages_for(int(enc.lengths[pairs].max()) + 1, ATTENTION_ALIGN) * ATTENTION_ALIGN
 
 
 @FAST

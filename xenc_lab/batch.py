@@ -9,6 +9,8 @@ import torch
 from .pages import pages_for
 from .tokenize import Encodings
 
+ATTENTION_ALIGN = 8  # the per-pair attention layout's length L is a multiple of this (measured: 8 beats 1 and 16)
+
 
 @dataclass(slots=True)
 class PackedBatch:
@@ -53,7 +55,7 @@ def pack(
     total = pages_for(n_real, page_size) * page_size
     # At least one key slot past the longest pair: every pair then takes SDPA's masked path, whose result
     # does not depend on L, so a pair's score does not depend on its batchmates.
-    seq_len = pages_for(int(lens.max()) + 1, page_size) * page_size
+    seq_len = pages_for(int(lens.max()) + 1, ATTENTION_ALIGN) * ATTENTION_ALIGN
     if shape is not None:
         assert shape[0] >= total and shape[1] >= len(pairs) and shape[2] >= seq_len, (shape, total, len(pairs), seq_len)
         total, seq_len = shape[0], shape[2]

@@ -15,7 +15,7 @@ class ScorerConfig:
     dtype: str = "float32"
     max_length: int | None = None  # None: tokenizer's model_max_length capped at the position table
     page_size: int = 16  # tokens per page; batch shapes are whole pages
-    max_batch_tokens: int = 8192  # the page budget of one batch, in tokens
+    max_batch_tokens: int = 4096  # the page budget of one batch, in tokens
     compile: bool = False
     trust_remote_code: bool = False
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 
+ATTENTION_SLACK = 1.1  # padded attention slots per real token a batch may hold
+
+
 def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
@@ -21,8 +24,9 @@ def plan_batches(
 ) -> list[np.ndarray]:
     """Split pair indices into batches, longest pairs first.
 
-    Each batch keeps ``pages_for(sum(lengths)) <= max_pages`` and ``len(batch) * max(lengths) <=
-    2 * max_pages * page_size`` (the padded per-pair attention scratch), and at most ``max_pairs`` pairs.
+    Each batch keeps ``pages_for(sum(lengths)) <= max_pages`` and at most ``max_pairs`` pairs. Attention
+    runs per pair on a (pairs, longest) layout, so a batch also keeps that layout within ``ATTENTION_SLACK``
+    of its real tokens: long pairs are not batched with much shorter ones.
     """
     budget = max_pages * page_size
     assert len(lengths) == 0 or int(lengths.max()) <= budget, (int(lengths.max()), budget)
@@ -33,7 +37,7 @@ def plan_batches(
         count = k - start
         if count and (
             pages_for(tokens + n, page_size) > max_pages
-            or (count + 1) * longest > 2 * budget
+            or (count + 1) * longest > ATTENTION_SLACK * (tokens + n)
             or (max_pairs is not None and count == max_pairs)
         ):
             batches.append(order[start:k])

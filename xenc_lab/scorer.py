@@ -59,7 +59,7 @@ class Scorer:
         dtype: str = "float32",
         max_length: int | None = None,
         page_size: int = 16,
-        max_batch_tokens: int = 8192,
+        max_batch_tokens: int = 4096,
         compile: bool = False,
         activation_fn: Callable | None = None,
         trust_remote_code: bool = False,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
+from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
 from ..layers import fuse_linears, packed_attention
@@ -78,7 +78,10 @@ class Intermediate(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))
+        h = self.dense(x)
+        if type(self.act) is GELUActivation:  # exact erf GELU, in place: one pass less over (T, f)
+            return torch.ops.aten.gelu_(h)
+        return self.act(h)
 
 
 class Layer(nn.Module):
