@@ -139,3 +139,21 @@ def test_sentence_bert_config_outside_a_crossencoder_save_does_not_change_max_le
     pairs = [("q", "d " * 100)]
     assert ours.max_length == theirs.max_seq_length
     np.testing.assert_allclose(ours.predict(pairs), theirs.predict(pairs), rtol=0, atol=1e-5)
+
+
+def test_a_hub_id_is_found_in_the_huggingface_hub_cache_offline(tiny_dir, tmp_path, monkeypatch):
+    """A model downloaded once (laid out as huggingface_hub caches it) loads by its hub id with no network."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-cross-encoder"
+    shutil.copytree(tiny_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    by_id = Scorer("acme/tiny-cross-encoder", device="cpu")
+    assert by_id.path == repo / "snapshots" / revision
+    np.testing.assert_allclose(by_id.predict([("a", "b")]), Scorer(tiny_dir, device="cpu").predict([("a", "b")]), atol=1e-6)

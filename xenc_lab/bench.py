@@ -31,6 +31,8 @@ class BenchRow:
     ceiling_share: float  # gflops / GEMM rate measured at the model's shapes
     max_abs_delta: float  # against sentence-transformers fp32 on the same pairs
     seconds: float
+    compiled_shapes: int = 0  # xenc_lab with compile=True: graphs compiled so far in this dtype
+    compile_seconds: float = 0.0  # and the time their first calls took
 
 
 def encoder_dims(config) -> tuple[int, int, int]:
@@ -136,6 +138,8 @@ def run(
                     gflops=gflop / seconds, ceiling_share=gflop / seconds / ceiling,
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
                 )
+                if name == "xenc_lab" and compile:
+                    row.compiled_shapes, row.compile_seconds = len(ours.runner.shapes), ours.runner.compile_seconds
                 rows.append(row)
                 log(
                     f"{workload:>5} {dtype:>8} {name:>21}: {rate:8.1f} pairs/s  x{row.ratio:.2f}  "
@@ -162,7 +166,11 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    bf16 = "AMX/AVX512-BF16" if cpu_has_fast_bf16() else "no fast bf16"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    bf16 = ", ".join(name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16")) if flag in flags) or "no bf16 units"
     return f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}"
 
 
@@ -193,6 +201,14 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
             f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
             f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
         )
+    compiled = [r for r in rows if r.compiled_shapes]
+    if compiled:
+        last = {r.dtype: r for r in compiled}
+        lines += [""] + [
+            f"compile=True, {dtype}: {r.compiled_shapes} page-quantized shapes compiled in {r.compile_seconds:.0f} s "
+            "(first calls, outside the timed runs)."
+            for dtype, r in last.items()
+        ]
     if notes:
         lines += ["", notes]
     lines += ["", "![pairs/s by mode and workload](throughput.png)", ""]
@@ -215,8 +231,9 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     return out_dir / "throughput.md"
 
 
-def peak_rss_mb(n_pairs: int, model_path=None, workload: str = "mixed", dtype: str = "float32") -> float:
-    """Peak resident memory (MB) of a fresh process that scores ``n_pairs`` pairs, input included."""
+def peak_rss_mb(n_pairs: int, model_path=None, workload: str = "mixed", dtype: str = "float32") -> tuple[float, float]:
+    """Peak resident memory (MB) of a fresh process that scores ``n_pairs`` pairs, input included:
+    (after loading the model and scoring 16 pairs, at the end)."""
     import json
     import subprocess
     import sys
@@ -228,10 +245,14 @@ def peak_rss_mb(n_pairs: int, model_path=None, workload: str = "mixed", dtype: s
         "from xenc_lab.zoo import minilm_cross_encoder\n"
         "path, n, workload, dtype = json.loads(sys.argv[1])\n"
         "scorer = Scorer(path or minilm_cross_encoder(), device='cpu', dtype=dtype)\n"
-        "scores = scorer.predict(make_pairs(workload, n, seed=7), show_progress_bar=False)\n"
+        "pairs = make_pairs(workload, n, seed=7)\n"
+        "scorer.predict(pairs[:16])\n"
+        "loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "scores = scorer.predict(pairs, show_progress_bar=False)\n"
         "assert len(scores) == n\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+        "print(loaded, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
     )
     args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype])
     out = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    loaded, peak = out.stdout.strip().splitlines()[-1].split()
+    return float(loaded), float(peak)

@@ -1,0 +1,36 @@
+"""The benchmark harness: its arithmetic, its report, and one tiny end-to-end run through the CLI."""
+from __future__ import annotations
+
+import numpy as np
+from transformers import BertConfig
+
+from xenc_lab import bench
+from xenc_lab.cli import main
+
+
+def test_model_gflop_counts_non_embedding_matmuls_and_attention():
+    config = BertConfig(hidden_size=384, num_hidden_layers=6, intermediate_size=1536)
+    per_pair = bench.model_gflop(config, np.array([128]))
+    weights = 6 * (4 * 384**2 + 2 * 384 * 1536)  # 10.6M, the MiniLM-L6 figure
+    assert abs(per_pair - (2 * weights * 128 + 4 * 6 * 384 * 128**2) / 1e9) < 1e-12
+    assert 2.8 < per_pair < 3.0  # the field's ~2.87 GFLOP per 128-token MiniLM-L6 pair
+
+
+def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
+    rows = [
+        bench.BenchRow("short", "float32", engine, 8, 90.0, rate, rate / 10.0, 100.0, 0.5, delta, 0.8)
+        for engine, rate, delta in (("sentence-transformers", 10.0, 0.0), ("xenc_lab", 14.0, 3e-6))
+    ]
+    path = bench.write_report(rows, tmp_path, "xenc-lab bench")
+    text = path.read_text()
+    assert "| short | float32 | xenc_lab | 8 | 90 | 14.0 | 1.40x |" in text
+    assert (tmp_path / "throughput.png").stat().st_size > 1000
+
+
+def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_path, capsys):
+    assert main(["bench", "--model", str(tiny_dir), "--workloads", "short", "--dtypes", "float32",
+                 "--pairs", "8", "--repeats", "1", "--report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "sentence-transformers" in out and "xenc_lab" in out
+    table = (tmp_path / "throughput.md").read_text()
+    assert table.count("| short | float32 |") == 2
