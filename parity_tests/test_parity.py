@@ -92,13 +92,22 @@ LAYOUTS = [
 @share(0.5)
 @given(pairs=S.mixed_pairs, layout=st.sampled_from(LAYOUTS), data=st.data())
 def test_pair_score_independent_of_batchmates_pages_budget_and_order(arch, pairs, layout, data):
-    alone = np.stack([scorer(arch).predict([p], activation_fn=IDENTITY, batch_size=1)[0] for p in pairs])
+    """Scores (what predict returns) agree within 1e-5 whatever the batch. Raw logits agree within
+    1e-5 + 1e-5 * |logit|: fp32 GEMMs round differently at the last bit for different row counts, and the
+    tiny models' large weights amplify that to ~1e-5 relative (transformers' own logits move as much)."""
+    ours = scorer(arch)
+    alone_logits = np.stack([ours.predict([p], activation_fn=IDENTITY, batch_size=1)[0] for p in pairs])
     order = data.draw(st.permutations(range(len(pairs))))
     batch_size = data.draw(st.one_of(st.none(), st.integers(1, len(pairs))))
-    shuffled = scorer(arch, **layout).predict([pairs[i] for i in order], activation_fn=IDENTITY, batch_size=batch_size)
-    together = np.empty_like(shuffled)
-    together[list(order)] = shuffled
-    np.testing.assert_allclose(together, alone, atol=1e-5, rtol=0)
+    shuffled = [pairs[i] for i in order]
+    batched = scorer(arch, **layout)
+    logits = np.empty_like(alone_logits)
+    logits[list(order)] = batched.predict(shuffled, activation_fn=IDENTITY, batch_size=batch_size)
+    np.testing.assert_allclose(logits, alone_logits, atol=1e-5, rtol=1e-5)
+    scores = np.empty_like(alone_logits)
+    scores[list(order)] = batched.predict(shuffled, batch_size=batch_size)
+    alone_scores = ours.predict(pairs, batch_size=1)
+    np.testing.assert_allclose(scores, alone_scores, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
