@@ -65,9 +65,9 @@ class DenseNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, self_attention: type[nn.Module] = SelfAttention):
         super().__init__()
-        self.self = SelfAttention(config)
+        self.self = self_attention(config)
         self.output = DenseNorm(config.hidden_size, config.hidden_size, config.layer_norm_eps)
 
 
@@ -85,14 +85,16 @@ class Intermediate(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, config):
+    """A post-norm encoder layer; DeBERTa reuses it with its own self-attention (extra args go to it)."""
+
+    def __init__(self, config, self_attention: type[nn.Module] = SelfAttention):
         super().__init__()
-        self.attention = Attention(config)
+        self.attention = Attention(config, self_attention)
         self.intermediate = Intermediate(config)
         self.output = DenseNorm(config.intermediate_size, config.hidden_size, config.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        x = self.attention.output(self.attention.self(x, batch), x)
+    def forward(self, x: torch.Tensor, batch: PackedBatch, *extra) -> torch.Tensor:
+        x = self.attention.output(self.attention.self(x, batch, *extra), x)
         return self.output(self.intermediate(x), x)
 
 

@@ -18,7 +18,7 @@ from transformers.activations import ACT2FN
 
 from ..batch import PackedBatch
 from ..layers import from_padded, to_padded
-from .bert import DenseNorm, Intermediate
+from .bert import Layer
 
 
 def _pos_att_type(config) -> set[str]:
@@ -130,25 +130,6 @@ class DisentangledSelfAttention(nn.Module):
         return attention(qkv, batch, H, self.scale, bias)
 
 
-class Attention(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.self = DisentangledSelfAttention(config)
-        self.output = DenseNorm(config.hidden_size, config.hidden_size, config.layer_norm_eps)
-
-
-class Layer(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.attention = Attention(config)
-        self.intermediate = Intermediate(config)
-        self.output = DenseNorm(config.intermediate_size, config.hidden_size, config.layer_norm_eps)
-
-    def forward(self, x: torch.Tensor, batch: PackedBatch, *rel) -> torch.Tensor:
-        x = self.attention.output(self.attention.self(x, batch, *rel), x)
-        return self.output(self.intermediate(x), x)
-
-
 class ConvLayer(nn.Module):
     """DeBERTa-v2's convolution beside the first layer, over each pair's embeddings (zero past its end)."""
 
@@ -168,7 +149,7 @@ class ConvLayer(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.layer = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(Layer(config, DisentangledSelfAttention) for _ in range(config.num_hidden_layers))
         self.relative_attention = getattr(config, "relative_attention", False)
         if self.relative_attention:
             self.max_relative_positions = getattr(config, "max_relative_positions", -1)
