@@ -17,7 +17,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from ..batch import PackedBatch
-from ..layers import from_padded, to_padded
+from ..layers import from_padded, fuse_linears, to_padded
 from .bert import Layer
 
 
@@ -93,11 +93,7 @@ class DisentangledSelfAttention(nn.Module):
 
     def after_load(self) -> None:
         """One (3hd, d) projection instead of three (query/key_proj stay when they also project positions)."""
-        parts = (self.query_proj, self.key_proj, self.value_proj)
-        self.qkv = nn.Linear(parts[0].in_features, 3 * parts[0].out_features).to(parts[0].weight)
-        with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
-            self.qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+        self.qkv = fuse_linears(self.query_proj, self.key_proj, self.value_proj)
         del self.value_proj
         self.scale = float(torch.tensor(self.scale).to(self.qkv.weight.dtype))  # as HF: the scale in the model dtype
         if not self.share_att_key:
@@ -107,10 +103,7 @@ class DisentangledSelfAttention(nn.Module):
         return proj(x).view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)  # (H, n, dh)
 
     def forward(self, x: torch.Tensor, batch: PackedBatch, rel_emb, rel_idx) -> torch.Tensor:
-        if hasattr(self, "qkv"):
-            qkv = self.qkv(x)
-        else:
-            qkv = torch.cat([self.query_proj(x), self.key_proj(x), self.value_proj(x)], dim=-1)  # (T, 3hd)
+        qkv = self.qkv(x)  # (T, 3hd)
         if not self.pos_att:
             return attention(qkv, batch, self.num_heads, self.scale, None)
         T, H, hd = x.shape[0], self.num_heads, qkv.shape[-1] // 3
