@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xenc_lab.batch import pack
-from xenc_lab.layers import packed_attention
+from xenc_lab.tokenize import Encodings
+from xenc_lab.layers import first_token_attention, packed_attention, split_first
 
 from .test_batch import encodings
 
@@ -71,8 +72,6 @@ def test_packed_attention_of_a_pair_ignores_every_other_pair_and_the_filler(case
 
 
 def test_packed_attention_of_a_single_token_pair_returns_its_own_value():
-    from xenc_lab.tokenize import Encodings
-
     enc = Encodings(np.arange(1, 6, dtype=np.int64), None, np.array([0, 4, 5], dtype=np.int64))
     batch = pack(enc, np.array([0, 1]), page_size=4)
     d = 4
@@ -83,14 +82,12 @@ def test_packed_attention_of_a_single_token_pair_returns_its_own_value():
 
 @FAST
 @given(attention_cases(), st.integers(0, 12))
-def test_packed_attention_with_a_window_mask_equals_banded_sdpa_on_each_pair_alone(case, window):
-    from xenc_lab.layers import window_mask
-
+def test_packed_attention_with_a_window_equals_banded_sdpa_on_each_pair_alone(case, window):
     enc, pairs, page_size, num_heads, head_dim, scale, seed = case
     batch = pack(enc, pairs, page_size)
     d = num_heads * head_dim
     qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed))
-    out = packed_attention(qkv, batch, num_heads, scale=scale, mask=window_mask(batch, window))
+    out = packed_attention(qkv, batch, num_heads, scale=scale, window=window)
     cu = batch.cu_seqlens.tolist()
     for b, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
         n = e - s
@@ -99,3 +96,28 @@ def test_packed_attention_with_a_window_mask_equals_banded_sdpa_on_each_pair_alo
         q, k, v = (qkv[s:e, i * d : (i + 1) * d].view(n, num_heads, head_dim).transpose(0, 1)[None] for i in range(3))
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=scale)[0].transpose(0, 1).reshape(n, d)
         torch.testing.assert_close(out[s:e], ref, atol=1e-5, rtol=1e-5)
+
+
+@FAST
+@given(attention_cases(), st.none() | st.integers(0, 12))
+def test_first_token_attention_equals_the_first_row_of_packed_attention(case, window):
+    enc, pairs, page_size, num_heads, head_dim, scale, seed = case
+    batch = pack(enc, pairs, page_size)
+    d = num_heads * head_dim
+    qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed)) * 2
+    full = packed_attention(qkv, batch, num_heads, scale=scale, window=window)
+    first = first_token_attention(qkv[batch.first_index, :d], qkv[:, d:], batch, num_heads, scale=scale, window=window)
+    P = len(pairs)
+    assert first.shape == (batch.seq_lens.shape[0], d)
+    torch.testing.assert_close(first[:P], full[batch.first_index[:P]], atol=1e-5, rtol=1e-5)
+
+
+def test_split_first_projects_queries_at_first_tokens_and_keys_values_everywhere():
+    enc, pairs = Encodings(np.arange(1, 10, dtype=np.int64), None, np.array([0, 4, 9])), np.array([1, 0])
+    batch = pack(enc, pairs, page_size=4)
+    proj = torch.nn.Linear(6, 3 * 6)
+    x = torch.randn(batch.input_ids.shape[0], 6)
+    q, kv = split_first(proj, x, batch)
+    full = proj(x)
+    torch.testing.assert_close(q, full[batch.first_index, :6])
+    torch.testing.assert_close(kv, full[:, 6:])

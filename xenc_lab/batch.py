@@ -10,11 +10,16 @@ from .pages import pages_for
 from .tokenize import Encodings
 
 ATTENTION_ALIGN = 8  # the per-pair attention layout's length L is a multiple of this (measured: 8 beats 1 and 16)
+# A batch has at least this many sequences (filler past the pairs): the last layer's GEMMs run over one row
+# per sequence, and MKL rounds GEMMs of fewer than about 12 rows differently from the large ones (measured),
+# which would make a pair's score depend on its batchmates and on its row.
+MIN_SEQUENCES = 16
 
 
 @dataclass(slots=True)
 class PackedBatch:
-    """B pairs laid end to end as one token stream of T tokens (T a whole number of pages).
+    """P pairs laid end to end as one token stream of T tokens (T a whole number of pages), as B >= P
+    sequences: past the pairs come filler sequences (up to MIN_SEQUENCES, or a compiled shape).
 
     Tokens past the last pair (the filler of the last page) belong to no pair. For attention, which runs
     per pair, ``pad_index`` lays the stream out as (B, L) and ``unpad_index`` takes it back.
@@ -49,7 +54,8 @@ def pack(
     shape: tuple[int, int, int] | None = None,
 ) -> PackedBatch:
     """Lay the pairs end to end. ``shape`` = (T, B, L) pads the batch to a fixed shape (for compiled
-    forwards): filler tokens, and filler sequences that each see only the stream's first token."""
+    forwards): filler tokens, and filler sequences that each see only the stream's first token. There are
+    filler sequences up to MIN_SEQUENCES in any case."""
     lens = enc.lengths[pairs]
     n_real = int(lens.sum())
     total = pages_for(n_real, page_size) * page_size
@@ -76,8 +82,9 @@ def pack(
         token_type_ids[:n_real] = enc.type_ids[src]
 
     seq_lens, first = lens, starts[:-1]
-    if shape is not None and shape[1] > len(pairs):
-        extra = shape[1] - len(pairs)
+    n_seq = max(MIN_SEQUENCES, len(pairs) if shape is None else shape[1])
+    if n_seq > len(pairs):
+        extra = n_seq - len(pairs)
         seq_lens = np.concatenate([lens, np.ones(extra, dtype=np.int64)])
         first = np.concatenate([first, np.zeros(extra, dtype=np.int64)])
     slot = np.arange(seq_len, dtype=np.int64)

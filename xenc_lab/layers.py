@@ -1,4 +1,9 @@
-"""Ops shared by the packed models: moving the stream to a per-pair layout and back, and attention."""
+"""Ops shared by the packed models: moving the stream to a per-pair layout and back, and attention.
+
+Attention runs within each pair, over all of the pair's tokens (``packed_attention``) or for the pair's
+first token alone (``first_token_attention``): a classifier reads only the first token, so the last
+layer needs no other query, and skipping them is exact.
+"""
 from __future__ import annotations
 
 import torch
@@ -18,25 +23,37 @@ def from_padded(y: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return y.reshape(-1, *y.shape[2:])[batch.unpad_index]
 
 
+def split_first(qkv: nn.Linear, x: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused (q, k, v) projection for a layer whose output is read at first tokens only:
+    q of each pair's first token (B, d), and k, v of every token (T, 2d)."""
+    d = qkv.out_features // 3
+    bias = qkv.bias
+    q = F.linear(x[batch.first_index], qkv.weight[:d], None if bias is None else bias[:d])
+    kv = F.linear(x, qkv.weight[d:], None if bias is None else bias[d:])
+    return q, kv
+
+
 try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
 except ImportError:  # pragma: no cover
     _varlen_attn = None
 
 
-def _packed_varlen(qkv: torch.Tensor, batch: PackedBatch, num_heads: int, scale: float | None) -> torch.Tensor:
-    T, d = qkv.shape[0], qkv.shape[-1] // 3
-    q, k, v = qkv.view(T, 3, num_heads, d // num_heads).unbind(1)  # (T, H, dh) each
-    # The page filler past the last pair is one more sequence of its own, so every row is defined.
-    cu = torch.cat([batch.cu_seqlens, batch.cu_seqlens.new_full((1,), T)])
-    out = _varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale=scale)
-    return out.reshape(T, d)
+def _use_varlen(x: torch.Tensor, window: int | None) -> bool:
+    return window is None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and _varlen_attn is not None
 
 
-def window_mask(batch: PackedBatch, window: int) -> torch.Tensor:
-    """(B, 1, L, L) bool: key j is visible from query i when |i - j| <= window // 2 and j is a real token."""
+def _cu_with_filler(cu: torch.Tensor, total: int) -> torch.Tensor:
+    """cu_seqlens with the stream's filler tail as one more sequence, so every row is defined."""
+    return torch.cat([cu, cu.new_full((1,), total)])
+
+
+def window_mask(batch: PackedBatch, window: int, first_only: bool = False) -> torch.Tensor:
+    """(B, 1, L, L) bool, or (B, 1, 1, L) for first tokens only: key j is visible from query i when
+    |i - j| <= window // 2 and j is a real token."""
     slots = torch.arange(batch.max_seqlen, device=batch.key_mask.device)
-    near = (slots[:, None] - slots[None, :]).abs() <= window // 2
+    queries = slots[:1] if first_only else slots
+    near = (queries[:, None] - slots[None, :]).abs() <= window // 2
     return batch.key_mask & near
 
 
@@ -45,22 +62,51 @@ def packed_attention(
     batch: PackedBatch,
     num_heads: int,
     scale: float | None = None,
-    mask: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention within each pair: (T, 3 * d) -> (T, d). Never crosses a pair boundary.
 
-    ``mask`` replaces the key mask: a bool mask or an additive float bias broadcastable to (B, H, L, L).
-    On CUDA in half precision, plain attention runs on the packed stream itself (flash varlen kernel);
+    ``window``: keys farther than window // 2 from the query are masked (sliding-window layers).
+    On CUDA in half precision, attention runs on the packed stream itself (flash varlen kernel);
     elsewhere the stream is laid out per pair and fused SDPA runs with a key mask.
     """
-    d = qkv.shape[-1] // 3
-    if mask is None and qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16) and _varlen_attn is not None:
-        return _packed_varlen(qkv, batch, num_heads, scale)
+    T, d = qkv.shape[0], qkv.shape[-1] // 3
+    dh = d // num_heads
+    if _use_varlen(qkv, window):
+        q, k, v = qkv.view(T, 3, num_heads, dh).unbind(1)  # (T, H, dh) each
+        cu = _cu_with_filler(batch.cu_seqlens, T)
+        out = _varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale=scale)
+        return out.reshape(T, d)
     B, L = batch.seq_lens.shape[0], batch.max_seqlen
-    q, k, v = to_padded(qkv, batch).view(B, L, 3, num_heads, d // num_heads).permute(2, 0, 3, 1, 4)
-    attn_mask = batch.key_mask if mask is None else mask
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)  # (B, H, L, dh)
+    q, k, v = to_padded(qkv, batch).view(B, L, 3, num_heads, dh).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
+    mask = batch.key_mask if window is None else window_mask(batch, window)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, L, dh)
     return from_padded(out.transpose(1, 2).reshape(B, L, d), batch)
+
+
+def first_token_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: PackedBatch,
+    num_heads: int,
+    scale: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Attention of each pair's first token over the pair: q (B, d), kv (T, 2 * d) -> (B, d)."""
+    B, d = q.shape
+    T, dh = kv.shape[0], d // num_heads
+    if _use_varlen(q, window):
+        P = batch.cu_seqlens.shape[0] - 1  # pairs; sequences past them (shape filler) have no query here
+        cu_q = _cu_with_filler(torch.arange(P + 1, dtype=batch.cu_seqlens.dtype, device=q.device), B)
+        cu_k = _cu_with_filler(batch.cu_seqlens, T)
+        k, v = kv.view(T, 2, num_heads, dh).unbind(1)
+        out = _varlen_attn(q.view(B, num_heads, dh), k, v, cu_q, cu_k, 1, batch.max_seqlen, scale=scale)
+        return out.reshape(B, d)
+    L = batch.max_seqlen
+    k, v = to_padded(kv, batch).view(B, L, 2, num_heads, dh).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
+    mask = batch.key_mask if window is None else window_mask(batch, window, first_only=True)
+    out = F.scaled_dot_product_attention(q.view(B, num_heads, 1, dh), k, v, attn_mask=mask, scale=scale)
+    return out.reshape(B, d)
 
 
 def fuse_linears(*parts: nn.Linear) -> nn.Linear:

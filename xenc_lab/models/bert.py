@@ -11,7 +11,7 @@ from torch import nn
 from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
-from ..layers import fuse_linears, packed_attention
+from ..layers import first_token_attention, fuse_linears, packed_attention, split_first
 
 
 class Embeddings(nn.Module):
@@ -48,7 +48,9 @@ class SelfAttention(nn.Module):
         self.qkv = fuse_linears(self.query, self.key, self.value)
         del self.query, self.key, self.value
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+        if first_only:
+            return first_token_attention(*split_first(self.qkv, x, batch), batch, self.num_heads)
         return packed_attention(self.qkv(x), batch, self.num_heads)
 
 
@@ -85,7 +87,10 @@ class Intermediate(nn.Module):
 
 
 class Layer(nn.Module):
-    """A post-norm encoder layer; DeBERTa reuses it with its own self-attention (extra args go to it)."""
+    """A post-norm encoder layer; DeBERTa reuses it with its own self-attention (extra args go to it).
+
+    With ``first_only`` it returns each pair's first token alone, (B, d): the queries, the output
+    projection and the feed-forward of every other token are skipped."""
 
     def __init__(self, config, self_attention: type[nn.Module] = SelfAttention):
         super().__init__()
@@ -93,8 +98,9 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(config)
         self.output = DenseNorm(config.intermediate_size, config.hidden_size, config.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, *extra) -> torch.Tensor:
-        x = self.attention.output(self.attention.self(x, batch, *extra), x)
+    def forward(self, x: torch.Tensor, batch: PackedBatch, *extra, first_only: bool = False) -> torch.Tensor:
+        attended = self.attention.self(x, batch, *extra, first_only=first_only)
+        x = self.attention.output(attended, x[batch.first_index] if first_only else x)
         return self.output(self.intermediate(x), x)
 
 
@@ -111,7 +117,8 @@ class Pooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """Embeddings + encoder over a packed stream: (T,) ids -> (T, d) hidden states."""
+    """Embeddings + encoder over a packed stream: (T,) ids -> (T, d) hidden states, or with
+    ``first_only`` the last layer's output at each pair's first token, (B, d)."""
 
     def __init__(self, config, *, roberta_positions: bool = False, pooler: bool = False):
         super().__init__()
@@ -123,13 +130,14 @@ class BertModel(nn.Module):
         if pooler:
             self.pooler = Pooler(config)
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch)
         if hasattr(self, "embeddings_project"):
             x = self.embeddings_project(x)
-        for layer in self.encoder.layer:
+        *layers, last = self.encoder.layer
+        for layer in layers:
             x = layer(x, batch)
-        return x
+        return last(x, batch, first_only=first_only)
 
 
 class ClassificationHead(nn.Module):
@@ -154,7 +162,7 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        first = self.bert(batch)[batch.first_index]
+        first = self.bert(batch, first_only=True)
         return self.classifier(torch.tanh(self.bert.pooler.dense(first)))
 
 
@@ -169,7 +177,7 @@ class RobertaForSequenceClassification(nn.Module):
         self.classifier = ClassificationHead(config, torch.tanh)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.classifier(self.roberta(batch)[batch.first_index])
+        return self.classifier(self.roberta(batch, first_only=True))
 
 
 class ElectraForSequenceClassification(nn.Module):
@@ -181,4 +189,4 @@ class ElectraForSequenceClassification(nn.Module):
         self.classifier = ClassificationHead(config, ACT2FN["gelu"])
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.classifier(self.electra(batch)[batch.first_index])
+        return self.classifier(self.electra(batch, first_only=True))

@@ -17,7 +17,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from ..batch import PackedBatch
-from ..layers import from_padded, fuse_linears, to_padded
+from ..layers import from_padded, fuse_linears, split_first, to_padded
 from .bert import Layer
 
 
@@ -29,15 +29,14 @@ def _pos_att_type(config) -> set[str]:
     return {k.strip() for k in kinds}
 
 
-def attention(qkv: torch.Tensor, batch: PackedBatch, num_heads: int, scale: float, bias) -> torch.Tensor:
-    """softmax(q.k / scale + bias) v within each pair, HF's op order: (T, 3hd) -> (T, hd)."""
-    B, L, hd = batch.seq_lens.shape[0], batch.max_seqlen, qkv.shape[-1] // 3
-    q, k, v = to_padded(qkv, batch).view(B, L, 3, num_heads, -1).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
-    scores = q @ (k.transpose(-1, -2) / scale)  # (B, H, L, L)
+def attention(q, k, v, batch: PackedBatch, scale: float, bias) -> torch.Tensor:
+    """softmax(q.k / scale + bias) v within each pair, HF's op order: queries (B, H, Lq, dh) over keys and
+    values (B, H, L, dh) -> (B, H, Lq, dh)."""
+    scores = q @ (k.transpose(-1, -2) / scale)  # (B, H, Lq, L)
     if bias is not None:
         scores = scores + bias
     probs = scores.masked_fill(~batch.key_mask, torch.finfo(scores.dtype).min).softmax(-1)
-    return from_padded((probs @ v).transpose(1, 2).reshape(B, L, hd), batch)
+    return probs @ v
 
 
 def log_bucket(rel: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
@@ -102,25 +101,37 @@ class DisentangledSelfAttention(nn.Module):
     def _per_head(self, proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return proj(x).view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)  # (H, n, dh)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, rel_emb, rel_idx) -> torch.Tensor:
-        qkv = self.qkv(x)  # (T, 3hd)
-        if not self.pos_att:
-            return attention(qkv, batch, self.num_heads, self.scale, None)
-        T, H, hd = x.shape[0], self.num_heads, qkv.shape[-1] // 3
-        B, L = batch.seq_lens.shape[0], batch.max_seqlen
+    def forward(self, x: torch.Tensor, batch: PackedBatch, rel_emb, rel_idx, first_only: bool = False) -> torch.Tensor:
+        """(T, d) -> (T, hd), or (B, hd) for each pair's first token alone with ``first_only``."""
+        B, L, H = batch.seq_lens.shape[0], batch.max_seqlen, self.num_heads
+        if first_only:
+            q_rows, kv = split_first(self.qkv, x, batch)  # (B, hd), (T, 2hd)
+            hd = q_rows.shape[-1]
+            k, v = to_padded(kv, batch).view(B, L, 2, H, -1).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
+            q = q_rows.view(B, H, 1, -1)
+            k_rows, q_index, rel_idx = kv[:, :hd], torch.arange(B, device=x.device).view(B, 1, 1, 1), rel_idx[:1]
+        else:
+            qkv = self.qkv(x)  # (T, 3hd)
+            hd = qkv.shape[-1] // 3
+            q, k, v = to_padded(qkv, batch).view(B, L, 3, H, -1).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
+            q_rows, k_rows, q_index = qkv[:, :hd], qkv[:, hd : 2 * hd], batch.pad_index.view(B, 1, L, 1)
         heads = torch.arange(H, device=x.device).view(1, H, 1, 1)
-        bias = 0
+        bias = None
         if "c2p" in self.pos_att:  # bias[b, h, i, j] = q_i . pos_k[bucket(i - j)]
             pos_k = self._per_head(self.key_proj if self.share_att_key else self.pos_key_proj, rel_emb)  # (H, 2S, dh)
-            q = qkv[:, :hd].view(T, H, -1).transpose(0, 1)  # (H, T, dh)
-            c2p = torch.bmm(q, pos_k.transpose(1, 2)).transpose(0, 1)  # (T, H, 2S)
-            bias = bias + c2p[batch.pad_index.view(B, 1, L, 1), heads, rel_idx] / self.scale  # (B, H, L, L)
+            q_heads = q_rows.view(q_rows.shape[0], H, -1).transpose(0, 1)  # (H, n, dh)
+            c2p = torch.bmm(q_heads, pos_k.transpose(1, 2)).transpose(0, 1)  # (n, H, 2S)
+            bias = c2p[q_index, heads, rel_idx] / self.scale  # (B, H, Lq, L)
         if "p2c" in self.pos_att:  # bias[b, h, i, j] = k_j . pos_q[-bucket(j - i)] = k_j . pos_q[bucket(i - j)]
             pos_q = self._per_head(self.query_proj if self.share_att_key else self.pos_query_proj, rel_emb)
-            k = qkv[:, hd : 2 * hd].view(T, H, -1).transpose(0, 1)  # (H, T, dh)
-            p2c = torch.bmm(k, pos_q.transpose(1, 2)).transpose(0, 1)  # (T, H, 2S)
-            bias = bias + p2c[batch.pad_index.view(B, 1, 1, L), heads, rel_idx] / self.scale
-        return attention(qkv, batch, H, self.scale, bias)
+            k_heads = k_rows.view(k_rows.shape[0], H, -1).transpose(0, 1)  # (H, T, dh)
+            p2c = torch.bmm(k_heads, pos_q.transpose(1, 2)).transpose(0, 1)  # (T, H, 2S)
+            p2c = p2c[batch.pad_index.view(B, 1, 1, L), heads, rel_idx] / self.scale
+            bias = p2c if bias is None else bias + p2c
+        out = attention(q, k, v, batch, self.scale, bias)  # (B, H, Lq, dh)
+        if first_only:
+            return out.reshape(B, hd)
+        return from_padded(out.transpose(1, 2).reshape(B, L, hd), batch)
 
 
 class ConvLayer(nn.Module):
@@ -167,31 +178,35 @@ class Encoder(nn.Module):
         rel = dist.long()[slots[:, None] - slots[None, :] + L - 1]  # (L, L) bucket of i - j
         return (rel + self.span).clamp(0, 2 * self.span - 1)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+        """(T, d) -> (T, d), or with ``first_only`` (B, d) at each pair's first token."""
         rel = (None, None)
         if self.relative_attention:
             emb = self.rel_embeddings.weight  # (2S, d)
             if hasattr(self, "LayerNorm"):
                 emb = self.LayerNorm(emb)
             rel = (emb, self.relative_index(batch.max_seqlen, x.device))
-        embeddings = x
+        embeddings, last = x, len(self.layer) - 1
+        # The last layer reads queries at first tokens only, unless the convolution still needs its output.
+        prune = first_only and not (last == 0 and hasattr(self, "conv"))
         for i, layer in enumerate(self.layer):
-            x = layer(x, batch, *rel)
+            x = layer(x, batch, *rel, first_only=prune and i == last)
             if i == 0 and hasattr(self, "conv"):
                 x = self.conv(embeddings, x, batch)
-        return x
+        return x[batch.first_index] if first_only and not prune else x
 
 
 class DebertaV2Model(nn.Module):
-    """Embeddings + encoder over a packed stream: (T,) ids -> (T, d) hidden states."""
+    """Embeddings + encoder over a packed stream: (T,) ids -> (T, d) hidden states, or (B, d) at first
+    tokens with ``first_only``."""
 
     def __init__(self, config):
         super().__init__()
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.encoder(self.embeddings(batch), batch)
+    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+        return self.encoder(self.embeddings(batch), batch, first_only)
 
 
 class ContextPooler(nn.Module):
@@ -215,4 +230,4 @@ class DebertaV2ForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.classifier(self.pooler(self.deberta(batch)[batch.first_index]))
+        return self.classifier(self.pooler(self.deberta(batch, first_only=True)))

@@ -8,7 +8,7 @@ from torch import nn
 from transformers.activations import get_activation
 
 from ..batch import PackedBatch
-from ..layers import fuse_linears, packed_attention
+from ..layers import first_token_attention, fuse_linears, packed_attention, split_first
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
 
@@ -35,7 +35,9 @@ class MultiHeadSelfAttention(nn.Module):
         self.qkv = fuse_linears(self.q_lin, self.k_lin, self.v_lin)
         del self.q_lin, self.k_lin, self.v_lin
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+        if first_only:
+            return self.out_lin(first_token_attention(*split_first(self.qkv, x, batch), batch, self.n_heads))
         return self.out_lin(packed_attention(self.qkv(x), batch, self.n_heads))
 
 
@@ -58,8 +60,10 @@ class TransformerBlock(nn.Module):
         self.ffn = FFN(config)
         self.output_layer_norm = nn.LayerNorm(config.dim, eps=EPS)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        x = self.sa_layer_norm(self.attention(x, batch) + x)
+    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+        """(T, d) -> (T, d), or (B, d) at each pair's first token with ``first_only``."""
+        attended = self.attention(x, batch, first_only)
+        x = self.sa_layer_norm(attended + (x[batch.first_index] if first_only else x))
         return self.output_layer_norm(self.ffn(x) + x)
 
 
@@ -75,11 +79,12 @@ class DistilBertModel(nn.Module):
         self.embeddings = Embeddings(config)
         self.transformer = Transformer(config)
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch)
-        for layer in self.transformer.layer:
+        *layers, last = self.transformer.layer
+        for layer in layers:
             x = layer(x, batch)
-        return x
+        return last(x, batch, first_only)
 
 
 class DistilBertForSequenceClassification(nn.Module):
@@ -90,5 +95,5 @@ class DistilBertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.dim, config.num_labels)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        first = self.distilbert(batch)[batch.first_index]
+        first = self.distilbert(batch, first_only=True)
         return self.classifier(F.relu(self.pre_classifier(first)))

@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..batch import PackedBatch
-from ..layers import packed_attention, to_padded, window_mask
+from ..layers import first_token_attention, packed_attention, split_first, to_padded
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -34,18 +34,11 @@ def _rope_type(config, kind: str) -> str:
     return rope_type
 
 
-def rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """(T, 3 * d) -> (T, 3 * d) with q and k rotated; cos, sin: (T, dh). In float32, as transformers."""
-    T, dh = qkv.shape[0], cos.shape[-1]
-    q, k, v = qkv.view(T, 3, -1, dh).unbind(1)  # (T, H, dh) each
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(n, H, dh) rotated by cos, sin: (n, dh). In float32, as transformers."""
     cos, sin = cos[:, None], sin[:, None]
-
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        x1, x2 = x.chunk(2, dim=-1)
-        return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(v.dtype)
-
-    return torch.stack((rot(q), rot(k), v), dim=1).view(T, -1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 class Embeddings(nn.Module):
@@ -65,12 +58,25 @@ class Attention(nn.Module):
         if d % config.num_attention_heads:
             raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {config.num_attention_heads}")
         self.num_heads, self.head_dim, self.kind = config.num_attention_heads, d // config.num_attention_heads, kind
+        self.window = config.local_attention if kind == "sliding_attention" else None
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, masks: dict) -> torch.Tensor:
-        qkv = rotate(self.Wqkv(x), *rope[self.kind])
-        out = packed_attention(qkv, batch, self.num_heads, scale=self.head_dim**-0.5, mask=masks[self.kind])
+    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, first_only: bool = False) -> torch.Tensor:
+        """(T, d) -> (T, d), or (B, d) for each pair's first token alone with ``first_only``."""
+        cos, sin = rope[self.kind]
+        T, H, scale = x.shape[0], self.num_heads, self.head_dim**-0.5
+        if first_only:
+            q, kv = split_first(self.Wqkv, x, batch)
+            first = batch.first_index
+            q = rotate(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
+            k, v = kv.view(T, 2, H, -1).unbind(1)
+            kv = torch.stack((rotate(k, cos, sin), v), dim=1).view(kv.shape)
+            out = first_token_attention(q, kv, batch, H, scale=scale, window=self.window)
+        else:
+            q, k, v = self.Wqkv(x).view(T, 3, H, -1).unbind(1)  # (T, H, dh) each
+            qkv = torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), dim=1).view(T, -1)
+            out = packed_attention(qkv, batch, H, scale=scale, window=self.window)
         return self.Wo(out)
 
 
@@ -96,13 +102,15 @@ class Layer(nn.Module):
         self.mlp_norm = _norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, masks: dict) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), batch, rope, masks)
+    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, first_only: bool = False) -> torch.Tensor:
+        attended = self.attn(self.attn_norm(x), batch, rope, first_only)
+        x = (x[batch.first_index] if first_only else x) + attended
         return x + self.mlp(self.mlp_norm(x))
 
 
 class ModernBertModel(nn.Module):
-    """Embeddings + layers over a packed stream: (T,) ids -> (T, d) hidden states, before final_norm."""
+    """Embeddings + layers over a packed stream: (T,) ids -> (T, d) hidden states before final_norm, or
+    (B, d) at each pair's first token with ``first_only``."""
 
     def __init__(self, config):
         super().__init__()
@@ -138,15 +146,13 @@ class ModernBertModel(nn.Module):
             out[kind] = ((emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype))
         return out
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch.input_ids)  # (T, d)
         rope = self.rope(batch.positions, x.dtype)
-        masks = {"full_attention": None}  # None: packed_attention's key mask
-        if "sliding_attention" in rope:
-            masks["sliding_attention"] = window_mask(batch, self.local_attention)  # (B, 1, L, L)
-        for layer in self.layers:
-            x = layer(x, batch, rope, masks)
-        return x
+        *layers, last = self.layers
+        for layer in layers:
+            x = layer(x, batch, rope)
+        return last(x, batch, rope, first_only)
 
 
 class PredictionHead(nn.Module):
@@ -173,10 +179,10 @@ class ModernBertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)  # always biased, as transformers
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        x = self.model(batch)  # (T, d)
         if self.pooling == "cls":
-            pooled = self.model.final_norm(x[batch.first_index])  # (B, d)
+            pooled = self.model.final_norm(self.model(batch, first_only=True))  # (B, d)
         else:
+            x = self.model(batch)  # (T, d)
             # As transformers: (hidden * mask).sum(1) / mask.sum(1), over the pair's real tokens.
             B, L = batch.seq_lens.shape[0], batch.max_seqlen
             hidden = to_padded(self.model.final_norm(x), batch) * batch.key_mask.view(B, L, 1)  # (B, L, d)
