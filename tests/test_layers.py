@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from xenc_lab.batch import pack
 from xenc_lab.tokenize import Encodings
-from xenc_lab.layers import first_token_attention, packed_attention, split_first
+from xenc_lab.layers import PrepackedLinear, first_token_attention, packed_attention, prepack_linears, split_first
 
 from .test_batch import encodings
 
@@ -121,3 +122,32 @@ def test_split_first_projects_queries_at_first_tokens_and_keys_values_everywhere
     full = proj(x)
     torch.testing.assert_close(q, full[batch.first_index, :6])
     torch.testing.assert_close(kv, full[:, 6:])
+
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")), reason="needs oneDNN bfloat16 on this CPU"
+)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("bias", [True, False])
+def test_prepacked_linear_equals_linear_to_the_bit_and_so_do_its_row_slices(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 3 * 16, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(37, 48, dtype=torch.bfloat16)
+    packed = PrepackedLinear(linear)
+    assert torch.equal(packed(x), linear(x))
+    want = torch.nn.functional.linear(x, linear.weight[16:], None if linear.bias is None else linear.bias[16:])
+    assert torch.equal(packed.rows(16, 48)(x), want)
+    assert packed.rows(16, 48) is packed.rows(16, 48)  # packed once
+
+
+def test_prepack_linears_touches_only_cpu_bfloat16_models():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear  # float32: MKL needs no prepacking
+    if PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
+        model = model.to(torch.bfloat16)
+        x = torch.randn(3, 4, dtype=torch.bfloat16)
+        want = model(x)
+        assert prepack_linears(model) == 2 and isinstance(model[2], PrepackedLinear)
+        assert torch.equal(model(x), want)

@@ -23,14 +23,19 @@ def from_padded(y: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return y.reshape(-1, *y.shape[2:])[batch.unpad_index]
 
 
-def split_first(qkv: nn.Linear, x: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def _linear_rows(linear: nn.Module, start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
+    """Output features start:stop of ``linear`` on x."""
+    if isinstance(linear, PrepackedLinear):
+        return linear.rows(start, stop)(x)
+    bias = None if linear.bias is None else linear.bias[start:stop]
+    return F.linear(x, linear.weight[start:stop], bias)
+
+
+def split_first(qkv: nn.Module, x: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """A fused (q, k, v) projection for a layer whose output is read at first tokens only:
     q of each pair's first token (B, d), and k, v of every token (T, 2d)."""
     d = qkv.out_features // 3
-    bias = qkv.bias
-    q = F.linear(x[batch.first_index], qkv.weight[:d], None if bias is None else bias[:d])
-    kv = F.linear(x, qkv.weight[d:], None if bias is None else bias[d:])
-    return q, kv
+    return _linear_rows(qkv, 0, d, x[batch.first_index]), _linear_rows(qkv, d, 3 * d, x)
 
 
 try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
@@ -119,3 +124,50 @@ def fuse_linears(*parts: nn.Linear) -> nn.Linear:
         if first.bias is not None:
             fused.bias.copy_(torch.cat([p.bias for p in parts]))
     return fused
+
+
+class PrepackedLinear(nn.Module):
+    """A Linear whose weight oneDNN has reordered once, at load, into its blocked layout (CPU, bfloat16).
+
+    torch's bfloat16 GEMM on the CPU reorders the weight on every call; prepacking skips that, and the
+    product is the same to the bit (measured). ``weight`` and ``bias`` stay as they were."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self._rows: dict[tuple[int, int], PrepackedLinear] = {}
+
+    @staticmethod
+    def supported(dtype: torch.dtype, device: torch.device) -> bool:
+        return (
+            dtype == torch.bfloat16
+            and device.type == "cpu"
+            and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
+
+    def rows(self, start: int, stop: int) -> PrepackedLinear:
+        """Output features start:stop, prepacked on first use."""
+        if (start, stop) not in self._rows:
+            part = nn.Linear(self.in_features, stop - start, bias=self.bias is not None)
+            part.weight = nn.Parameter(self.weight[start:stop], requires_grad=False)
+            if self.bias is not None:
+                part.bias = nn.Parameter(self.bias[start:stop], requires_grad=False)
+            self._rows[start, stop] = PrepackedLinear(part)
+        return self._rows[start, stop]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear of a CPU bfloat16 model by a PrepackedLinear; returns how many."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and PrepackedLinear.supported(child.weight.dtype, child.weight.device):
+                setattr(parent, name, PrepackedLinear(child))
+                count += 1
+    return count

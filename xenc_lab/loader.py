@@ -10,6 +10,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from .layers import prepack_linears
 from .models import ARCHITECTURES
 
 logger = logging.getLogger(__name__)
@@ -131,4 +132,5 @@ def load_model(path: Path, config: PretrainedConfig, device: torch.device, dtype
     for module in list(model.modules()):
         if hasattr(module, "after_load"):
             module.after_load()
+    prepack_linears(model)  # CPU bfloat16: oneDNN's weight layout, once
     return model
