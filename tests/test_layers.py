@@ -5,16 +5,28 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from xenc_lab import kernels
 from xenc_lab.batch import pack
 from xenc_lab.tokenize import Encodings
 from xenc_lab.layers import PrepackedLinear, first_token_attention, packed_attention, prepack_linears, split_first
 
 from .test_batch import encodings
 
-FAST = settings(max_examples=40, deadline=None)
+# The attention_path fixture patches once per test, not per example: that is what it means to do.
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True, params=["kernel", "sdpa"])
+def attention_path(request, monkeypatch):
+    """Every test runs on the CPU kernel and on the SDPA fallback (what runs where it cannot be built)."""
+    if request.param == "kernel" and not kernels._available():
+        pytest.skip("the CPU attention kernel could not be built here")
+    if request.param == "sdpa":
+        monkeypatch.setattr("xenc_lab.layers.packed_attention_cpu", lambda *args, **kwargs: None)
+    return request.param
 
 
 def _per_pair_reference(qkv: torch.Tensor, batch, num_heads: int, scale=None) -> list[torch.Tensor]:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import PackedBatch
+from .kernels import packed_attention_cpu
 
 
 def to_padded(x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -72,11 +73,17 @@ def packed_attention(
     """Scaled dot-product attention within each pair: (T, 3 * d) -> (T, d). Never crosses a pair boundary.
 
     ``window``: keys farther than window // 2 from the query are masked (sliding-window layers).
-    On CUDA in half precision, attention runs on the packed stream itself (flash varlen kernel);
-    elsewhere the stream is laid out per pair and fused SDPA runs with a key mask.
+    On the CPU, attention runs on the packed stream itself in xenc_lab's kernel (``kernels``); on CUDA in
+    half precision, in the flash varlen kernel. Elsewhere, or where the kernel could not be built, the
+    stream is laid out per pair and fused SDPA runs with a key mask.
     """
     T, d = qkv.shape[0], qkv.shape[-1] // 3
     dh = d // num_heads
+    if qkv.device.type == "cpu":
+        q, k, v = qkv.split(d, dim=-1)  # strided views: the kernel reads them in place
+        out = packed_attention_cpu(q, k, v, batch.cu_seqlens, batch.cu_seqlens, num_heads, scale, window)
+        if out is not None:
+            return out
     if _use_varlen(qkv, window):
         q, k, v = qkv.view(T, 3, num_heads, dh).unbind(1)  # (T, H, dh) each
         cu = _cu_with_filler(batch.cu_seqlens, T)
@@ -100,6 +107,12 @@ def first_token_attention(
     """Attention of each pair's first token over the pair: q (B, d), kv (T, 2 * d) -> (B, d)."""
     B, d = q.shape
     T, dh = kv.shape[0], d // num_heads
+    if q.device.type == "cpu":
+        k, v = kv.split(d, dim=-1)
+        cu_q = torch.arange(batch.cu_seqlens.shape[0], dtype=batch.cu_seqlens.dtype)  # one query per pair
+        out = packed_attention_cpu(q, k, v, cu_q, batch.cu_seqlens, num_heads, scale, window)
+        if out is not None:
+            return out
     if _use_varlen(q, window):
         P = batch.cu_seqlens.shape[0] - 1  # pairs; sequences past them (shape filler) have no query here
         cu_q = _cu_with_filler(torch.arange(P + 1, dtype=batch.cu_seqlens.dtype, device=q.device), B)

@@ -1,0 +1,244 @@
+"""The native packed CPU attention kernel against attention computed by torch, sequence by sequence.
+
+Tolerances: float32 outputs are compared with a float64 reference on the same inputs, within
+1e-5 * (1 + |ref|): the kernel computes in float32 throughout, with errors of ~1e-6 (up to ~8e-6 for
+head_dim 256, where the float32 dot products are long), as torch's own float32 attention.
+bfloat16 (float16) outputs are compared with the float64 reference on the same 16-bit inputs within
+1e-2 (2e-3) * (1 + |ref|), and must equal the correctly rounded reference in almost every element: scores,
+softmax and the weighted sum stay in float32, so only the final rounding is lost.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from xenc_lab import kernels
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+HEAD_DIMS = [16, 32, 64, 80]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # times 1 + |reference|
+
+
+@pytest.fixture(scope="module")
+def attention():
+    if not kernels._available():
+        pytest.skip("the native kernels could not be built here (see the 'xenc_lab' warning)")
+    return kernels.packed_attention_cpu
+
+
+def random_lengths(gen: torch.Generator, n: int, high: int = 300) -> list[int]:
+    return torch.randint(1, high + 1, (n,), generator=gen).tolist()
+
+
+def offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def reference(q, k, v, cu_q, cu_k, num_heads, scale, window=None) -> torch.Tensor:
+    """float64 attention per sequence and head, with the kernel's conventions (queries are the first tokens)."""
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    dh = q.shape[1] // num_heads
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        nq, nk = qs.stop - qs.start, ks.stop - ks.start
+        if nq == 0:
+            continue
+        qb, kb, vb = (x.view(-1, num_heads, dh).transpose(0, 1) for x in (q[qs], k[ks], v[ks]))
+        scores = qb @ kb.transpose(1, 2) * scale  # (H, nq, nk)
+        if window is not None:
+            i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+            scores = scores.masked_fill((i - j).abs() > window // 2, float("-inf"))
+        out[qs] = (scores.softmax(-1) @ vb).transpose(0, 1).reshape(nq, -1)
+    return out
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.is_contiguous() and out.shape == ref.shape
+    err = (out.double() - ref).abs()
+    assert (err <= TOLERANCE[out.dtype] * (1 + ref.abs())).all(), f"max abs error {err.max():.3g}"
+    if out.dtype != torch.float32:
+        exact = (out == ref.to(out.dtype)).double().mean()
+        assert exact > 0.99, f"only {exact:.2%} of the elements are the correctly rounded reference"
+
+
+def fused_qkv(tokens: int, num_heads: int, head_dim: int, dtype, gen, spread: float = 1.0):
+    """Column views of one (tokens, 3 * d) tensor, as the models' fused projection produces them."""
+    qkv = torch.randn(tokens, 3 * num_heads * head_dim, generator=gen)
+    qkv[:, : num_heads * head_dim] *= spread
+    return qkv.to(dtype).split(num_heads * head_dim, dim=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_self_attention_matches_reference(attention, dtype, head_dim):
+    gen = torch.Generator().manual_seed(head_dim)
+    lengths = random_lengths(gen, 7)
+    cu = offsets(lengths)
+    num_heads = 3
+    q, k, v = (x.contiguous() for x in fused_qkv(int(cu[-1]), num_heads, head_dim, dtype, gen))
+    out = attention(q, k, v, cu, cu, num_heads, head_dim**-0.5)
+    assert out.dtype == dtype
+    assert_matches(out, reference(q, k, v, cu, cu, num_heads, head_dim**-0.5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [1, 7, 33, 48, 100, 128, 256])
+def test_any_head_dim_up_to_256(attention, dtype, head_dim):
+    gen = torch.Generator().manual_seed(1000 + head_dim)
+    cu = offsets([1, 17, 40])
+    q, k, v = fused_qkv(int(cu[-1]), 2, head_dim, dtype, gen)
+    assert_matches(attention(q, k, v, cu, cu, 2, 0.3), reference(q, k, v, cu, cu, 2, 0.3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_strided_views_of_a_fused_tensor_and_int64_offsets(attention, dtype, head_dim):
+    gen = torch.Generator().manual_seed(2000 + head_dim)
+    cu = offsets(random_lengths(gen, 5)).long()
+    q, k, v = fused_qkv(int(cu[-1]), 4, head_dim, dtype, gen, spread=3.0)  # peaked softmax
+    assert q.stride() == (3 * 4 * head_dim, 1)
+    assert_matches(attention(q, k, v, cu, cu, 4, head_dim**-0.5), reference(q, k, v, cu, cu, 4, head_dim**-0.5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("window", [None, 8])
+def test_first_token_only(attention, dtype, head_dim, window):
+    gen = torch.Generator().manual_seed(3000 + head_dim)
+    cu = offsets(random_lengths(gen, 9))
+    q, k, v = fused_qkv(int(cu[-1]), 3, head_dim, dtype, gen)
+    first = q[cu[:-1].long()]
+    cu_first = torch.arange(len(cu), dtype=torch.int32)
+    out = attention(first, k, v, cu_first, cu, 3, head_dim**-0.5, window)
+    assert_matches(out, reference(first, k, v, cu_first, cu, 3, head_dim**-0.5, window))
+    # Each query's arithmetic does not depend on the other queries computed with it: bitwise equal.
+    assert torch.equal(out, attention(q, k, v, cu, cu, 3, head_dim**-0.5, window)[cu[:-1].long()])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_long_sequence_split_into_query_blocks(attention, dtype):
+    gen = torch.Generator().manual_seed(8)
+    cu = offsets([1000])
+    q, k, v = fused_qkv(1000, 2, 64, dtype, gen)
+    assert_matches(attention(q, k, v, cu, cu, 2, 0.125), reference(q, k, v, cu, cu, 2, 0.125))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [0, 1, 6, 33, 128, 1000])
+def test_sliding_window(attention, dtype, window):
+    gen = torch.Generator().manual_seed(4000 + window)
+    cu = offsets([*random_lengths(gen, 5), 300])
+    q, k, v = fused_qkv(int(cu[-1]), 2, 32, dtype, gen)
+    out = attention(q, k, v, cu, cu, 2, 32**-0.5, window=window)
+    assert_matches(out, reference(q, k, v, cu, cu, 2, 32**-0.5, window=window))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_filler_rows_are_zero_and_never_read(attention, dtype):
+    gen = torch.Generator().manual_seed(5)
+    cu = offsets([5, 70, 19])
+    q, k, v = fused_qkv(int(cu[-1]) + 13, 2, 32, dtype, gen)
+    for x in (q, k, v):
+        x[int(cu[-1]) :] = float("nan")
+    out = attention(q, k, v, cu, cu, 2, 0.2)
+    assert torch.equal(out[int(cu[-1]) :], torch.zeros(13, 64, dtype=dtype))
+    assert_matches(out[: int(cu[-1])], reference(q, k, v, cu, cu, 2, 0.2)[: int(cu[-1])])
+
+
+def test_empty_sequences_and_an_empty_batch(attention):
+    gen = torch.Generator().manual_seed(6)
+    cu = offsets([0, 3, 0, 0, 9, 0])
+    q, k, v = fused_qkv(int(cu[-1]), 2, 16, torch.float32, gen)
+    assert_matches(attention(q, k, v, cu, cu, 2, 0.25), reference(q, k, v, cu, cu, 2, 0.25))
+    none = torch.zeros(1, dtype=torch.int32)
+    assert torch.equal(attention(q, k, v, none, none, 2, 0.25), torch.zeros(12, 32))
+
+
+def test_results_do_not_depend_on_threads_or_batch_neighbours(attention):
+    gen = torch.Generator().manual_seed(7)
+    lengths = random_lengths(gen, 12)
+    cu = offsets(lengths)
+    q, k, v = fused_qkv(int(cu[-1]), 4, 32, torch.float32, gen)
+    out = attention(q, k, v, cu, cu, 4, 0.17)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(out, attention(q, k, v, cu, cu, 4, 0.17))
+    finally:
+        torch.set_num_threads(threads)
+    b = 5  # one sequence on its own
+    rows = slice(int(cu[b]), int(cu[b + 1]))
+    alone = offsets([lengths[b]])
+    assert torch.equal(out[rows], attention(q[rows], k[rows], v[rows], alone, alone, 4, 0.17))
+
+
+def test_invalid_inputs_are_rejected(attention):
+    q = torch.randn(10, 64)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="dtype"):
+        attention(q, q.bfloat16(), q, cu, cu, 2, 0.1)
+    with pytest.raises(RuntimeError, match="num_heads"):
+        attention(q, q, q, cu, cu, 3, 0.1)
+    with pytest.raises(RuntimeError, match="head_dim"):
+        attention(torch.randn(4, 512), torch.randn(4, 512), torch.randn(4, 512), cu[:2], cu[:2], 1, 0.1)
+    with pytest.raises(RuntimeError, match="keys"):
+        attention(q, q, q, cu, torch.tensor([0, 4, 9], dtype=torch.int32), 2, 0.1)
+    with pytest.raises(RuntimeError, match="within"):
+        attention(q, q, q, torch.tensor([0, 11], dtype=torch.int32), torch.tensor([0, 11]), 2, 0.1)
+    with pytest.raises(RuntimeError, match="columns"):
+        attention(q.t().contiguous().t(), q, q, cu, cu, 2, 0.1)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 and float16"):
+        attention(q.double(), q.double(), q.double(), cu, cu, 2, 0.1)
+    with pytest.raises(ValueError, match="window"):
+        attention(q, q, q, cu, cu, 2, 0.1, window=-2)
+
+
+def test_traceable_by_torch_compile(attention):
+    qkv = torch.randn(10, 192)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    q, k, v = qkv.split(64, dim=1)
+    torch.library.opcheck(torch.ops.xenc_lab.packed_attention.default, (q, k, v, cu, cu, 2, 0.1, -1))
+
+    def layer(qkv, cu):
+        q, k, v = qkv.split(64, dim=1)
+        return attention(q, k, v, cu, cu, 2, 0.1) * 2
+
+    assert torch.equal(torch.compile(layer, fullgraph=True)(qkv, cu), layer(qkv, cu))
+
+
+def call_in_subprocess(env: dict[str, str]) -> tuple[bool, list[str]]:
+    """(every result None, the 'xenc_lab' log records) of three packed_attention_cpu calls in a fresh process."""
+    code = textwrap.dedent(
+        """
+        import json, logging, torch
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logging.getLogger("xenc_lab").addHandler(handler)
+        from xenc_lab.kernels import packed_attention_cpu
+        q, cu = torch.randn(4, 8), torch.tensor([0, 4])
+        results = [packed_attention_cpu(q, q, q, cu, cu, 2, 0.5) for _ in range(3)]
+        print(json.dumps([all(r is None for r in results), [f"{r.levelname} {r.getMessage()}" for r in records]]))
+        """
+    )
+    command = [sys.executable, "-c", code]
+    run = subprocess.run(command, check=False, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return tuple(json.loads(run.stdout.splitlines()[-1]))
+
+
+def test_disabled_by_environment_variable():
+    all_none, records = call_in_subprocess({"XENC_LAB_NO_KERNELS": "1"})
+    assert all_none and len(records) == 1 and records[0].startswith("WARNING") and "XENC_LAB_NO_KERNELS" in records[0]
+
+
+def test_no_compiler_means_none_and_one_warning(tmp_path):
+    all_none, records = call_in_subprocess({"CXX": str(tmp_path / "no-such-c++"), "XENC_LAB_CACHE": str(tmp_path)})
+    assert all_none and len(records) == 1 and records[0].startswith("WARNING") and "unavailable" in records[0]

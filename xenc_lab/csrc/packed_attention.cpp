@@ -1,0 +1,881 @@
+// Multi-head attention over a packed, padding-free token stream, for CPUs.
+//
+// The stream holds B sequences end to end: sequence b's keys and values are rows cu_k[b]:cu_k[b+1] of k and v,
+// and its queries are rows cu_q[b]:cu_q[b+1] of q, which are the FIRST cu_q[b+1]-cu_q[b] tokens of the sequence
+// (all of them for self-attention, one for "first token only"). Each row holds H heads of dh columns side by
+// side; rows may be strided (column slices of a fused qkv tensor). Rows of the output outside every sequence are
+// zero. Inputs and output are fp32, bf16 or fp16; scores, softmax and the weighted sum of values are fp32.
+//
+// Work is split into (sequence, head, block of queries) items, handed out dynamically to the intra-op threads;
+// while a worker runs an item it prefetches the rows of the one it runs next. It handles an item in register
+// blocks of kRows queries:
+//   1. the keys of the (sequence, head) are packed once per thread into a transposed, 16-key-block layout (fp32,
+//      or bf16 pairs for the AVX512_BF16 dot-product instruction), so that 16 scores of one query are dh FMAs of a
+//      broadcast query element with a row of that block;
+//   2. scores of the block's queries against every visible key go to a small buffer, with a running max;
+//   3. one pass turns them into exp(s - max) (vectorized exp2) and sums them;
+//   4. the probability-weighted sum of value rows accumulates in registers, is divided by the sum and stored.
+// This is an exact (non-online) softmax: no rescaling, the same arithmetic as softmax followed by a matmul. Each
+// query's arithmetic is the same whichever block, item or thread computes it, so results are bitwise independent
+// of the batch's other sequences and of the thread count.
+//
+// The kernel is written once over 16-lane fp32 vectors: AVX-512 intrinsics on x86 with AVX512F/BW/VL, GCC/Clang
+// generic vectors elsewhere (which the compiler maps onto AVX2, SSE, NEON, ...).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define XENC_AVX512 1
+#include <immintrin.h>
+#else
+#define XENC_AVX512 0
+#endif
+
+#if defined(__AVX512BF16__) && XENC_AVX512
+#define XENC_BF16_DOT 1
+#else
+#define XENC_BF16_DOT 0
+#endif
+
+#if !defined(__GNUC__)
+#error "the xenc_lab kernels need GCC or Clang (vector extensions, __builtin_prefetch)"
+#endif
+#define XENC_INLINE inline __attribute__((always_inline))
+
+namespace xenc_lab {
+namespace {
+
+using c10::BFloat16;
+using c10::Half;
+
+constexpr int64_t kMaxHeadDim = 256;
+
+// ---------------------------------------------------------------------------------------------------------------
+// 16-lane fp32 vectors. Masks select lanes by the low 16 bits of a uint32_t.
+
+#if XENC_AVX512
+// Register blocking: kRows queries x kKeyVecs 16-key vectors of scores, kRows x kColVecs 16-column vectors of
+// outputs (24 of the 32 zmm registers).
+constexpr int kRows = 6;
+constexpr int kKeyVecs = 4;
+constexpr int kColVecs = 4;
+
+using vf = __m512;
+
+XENC_INLINE vf zeros() { return _mm512_setzero_ps(); }
+XENC_INLINE vf splat(float x) { return _mm512_set1_ps(x); }
+XENC_INLINE vf load(const float* p) { return _mm512_load_ps(p); }  // p 64-byte aligned
+XENC_INLINE vf loadu(const float* p) { return _mm512_loadu_ps(p); }
+XENC_INLINE void store(float* p, vf x) { _mm512_store_ps(p, x); }  // p 64-byte aligned
+XENC_INLINE vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+XENC_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+XENC_INLINE float reduce_max(vf x) { return _mm512_reduce_max_ps(x); }
+XENC_INLINE float reduce_add(vf x) { return _mm512_reduce_add_ps(x); }
+XENC_INLINE vf keep_lanes(vf x, uint32_t mask, float fill) {  // x on the lanes of mask, fill elsewhere
+  return _mm512_mask_mov_ps(_mm512_set1_ps(fill), static_cast<__mmask16>(mask), x);
+}
+
+XENC_INLINE __mmask16 first_lanes(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+
+// Lanes [0, n) from p (n in 0..16), zero elsewhere; reads nothing past p + n.
+XENC_INLINE vf load_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first_lanes(n), p); }
+XENC_INLINE vf load_first(const BFloat16* p, int64_t n) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first_lanes(n), p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+XENC_INLINE vf load_first(const Half* p, int64_t n) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(n), p));
+}
+
+// Lanes [0, n) of x to p; 16-bit types rounded to nearest even, as c10's conversions do.
+XENC_INLINE void store_first(float* p, vf x, int64_t n) { _mm512_mask_storeu_ps(p, first_lanes(n), x); }
+XENC_INLINE void store_first(Half* p, vf x, int64_t n) {
+  _mm256_mask_storeu_epi16(p, first_lanes(n), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+XENC_INLINE void store_first(BFloat16* p, vf x, int64_t n) {
+#if XENC_BF16_DOT
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+#else
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  const __m256i h = _mm512_cvtepi32_epi16(r);
+#endif
+  _mm256_mask_storeu_epi16(p, first_lanes(n), h);
+}
+
+// 2^x for x <= 0 (-inf and anything below -150 give 0): x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f
+// polynomial (relative error ~2e-7), 2^n by vscalefps.
+XENC_INLINE vf exp2_nonpositive(vf x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.f));
+  const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf f = x - n;
+  vf p = splat(1.535336188319500e-4f);
+  p = fma(p, f, splat(1.339887440266574e-3f));
+  p = fma(p, f, splat(9.618437357674640e-3f));
+  p = fma(p, f, splat(5.550332471162809e-2f));
+  p = fma(p, f, splat(2.402264791363012e-1f));
+  p = fma(p, f, splat(6.931472028550421e-1f));
+  p = fma(p, f, splat(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// In-place transpose of a 16x16 matrix of 32-bit elements held in 16 registers.
+XENC_INLINE void transpose16(vf r[16]) {
+  vf t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: t[i] = a0 b0 a1 b1, t[i+1] = a2 b2 a3 b3
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // per lane L: r[i + c] = column 4L + c of rows i..i+3
+    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {  // gather lane L of the four row groups g into column 4L + c
+    const vf a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);  // g0.L0 g0.L2 g1.L0 g1.L2
+    const vf b = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);  // g0.L1 g0.L3 g1.L1 g1.L3
+    const vf e = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const vf f = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    t[c] = _mm512_shuffle_f32x4(a, e, 0x88);
+    t[8 + c] = _mm512_shuffle_f32x4(a, e, 0xDD);
+    t[4 + c] = _mm512_shuffle_f32x4(b, f, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(b, f, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) {
+    r[i] = t[i];
+  }
+}
+
+#else  // generic vectors
+// 16 lanes as 16 / kLanes native vectors of GCC/Clang's generic vector type, which the compiler maps onto the
+// target's SIMD registers (AVX: 8 floats, SSE and NEON: 4).
+// Everything here is inlined: GCC's note that vector arguments' ABI depends on the ISA does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#if defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+constexpr int kParts = 16 / kLanes;
+// Blocking sized for 16 registers of 256 bits (AVX2) or 32 of 128 bits (NEON): 4 x 16 lanes of accumulators.
+constexpr int kRows = 4;
+constexpr int kKeyVecs = 1;
+constexpr int kColVecs = 1;
+
+using nf = float __attribute__((vector_size(4 * kLanes)));
+using ni = int32_t __attribute__((vector_size(4 * kLanes)));
+struct vf {
+  nf part[kParts];
+};
+
+#define XENC_PARTWISE(expr) \
+  vf r;                     \
+  for (int i = 0; i < kParts; ++i) r.part[i] = (expr); \
+  return r
+
+XENC_INLINE vf operator+(vf a, vf b) { XENC_PARTWISE(a.part[i] + b.part[i]); }
+XENC_INLINE vf operator-(vf a, vf b) { XENC_PARTWISE(a.part[i] - b.part[i]); }
+XENC_INLINE vf operator*(vf a, vf b) { XENC_PARTWISE(a.part[i] * b.part[i]); }
+XENC_INLINE vf fma(vf a, vf b, vf c) { XENC_PARTWISE(a.part[i] * b.part[i] + c.part[i]); }  // contracted to FMA
+XENC_INLINE vf zeros() { return vf{}; }
+XENC_INLINE nf broadcast(float x) {
+  nf r;
+  for (int l = 0; l < kLanes; ++l) r[l] = x;
+  return r;
+}
+XENC_INLINE vf splat(float x) { XENC_PARTWISE(broadcast(x)); }
+XENC_INLINE nf select(ni mask, nf a, nf b) { return (nf)(((ni)a & mask) | ((ni)b & ~mask)); }
+XENC_INLINE vf vmax(vf a, vf b) { XENC_PARTWISE(select(a.part[i] > b.part[i], a.part[i], b.part[i])); }
+XENC_INLINE vf keep_lanes(vf x, uint32_t mask, float fill) {
+  ni lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
+  XENC_PARTWISE(select(((ni{} + static_cast<int32_t>(mask >> (i * kLanes))) >> lane & 1) != 0, x.part[i],
+                       broadcast(fill)));
+}
+
+XENC_INLINE float reduce_max(vf x) {
+  float r = x.part[0][0];
+  for (int i = 0; i < kParts; ++i)
+    for (int l = 0; l < kLanes; ++l) r = std::max(r, x.part[i][l]);
+  return r;
+}
+XENC_INLINE float reduce_add(vf x) {
+  nf s = x.part[0];
+  for (int i = 1; i < kParts; ++i) s += x.part[i];
+  float r = 0.f;
+  for (int l = 0; l < kLanes; ++l) r += s[l];
+  return r;
+}
+
+XENC_INLINE nf load_part(const float* p) {
+  nf x;
+  std::memcpy(&x, p, sizeof(nf));
+  return x;
+}
+XENC_INLINE vf loadu(const float* p) { XENC_PARTWISE(load_part(p + i * kLanes)); }
+XENC_INLINE vf load(const float* p) { return loadu(p); }
+XENC_INLINE void store(float* p, vf x) {
+  for (int i = 0; i < kParts; ++i) std::memcpy(p + i * kLanes, &x.part[i], sizeof(nf));
+}
+
+XENC_INLINE vf load_first(const float* p, int64_t n) {
+  if (n == 16) return loadu(p);
+  float t[16] = {};
+  std::memcpy(t, p, n * sizeof(float));
+  return loadu(t);
+}
+template <typename T>  // BFloat16, Half
+XENC_INLINE vf load_first(const T* p, int64_t n) {
+  float t[16] = {};
+  for (int64_t l = 0; l < n; ++l) t[l] = static_cast<float>(p[l]);
+  return loadu(t);
+}
+XENC_INLINE void store_first(float* p, vf x, int64_t n) { std::memcpy(p, &x, n * sizeof(float)); }
+template <typename T>  // BFloat16, Half
+XENC_INLINE void store_first(T* p, vf x, int64_t n) {
+  float t[16];
+  store(t, x);
+  for (int64_t l = 0; l < n; ++l) p[l] = static_cast<T>(t[l]);
+}
+
+// 2^x for x <= 0 (-inf and anything below -126 give 0): x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f
+// polynomial (relative error ~2e-7), 2^n built in the exponent bits.
+XENC_INLINE nf exp2_part(nf x) {
+  const nf round = broadcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
+  x = select(x > -127.f, x, broadcast(-127.f));
+  const nf shifted = x + round;
+  const nf f = x - (shifted - round);
+  nf p = broadcast(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.f;
+  const ni e = (ni)shifted - (ni)round + 127;  // the biased exponent of 2^n
+  return select(e > 0, p * (nf)(e << 23), nf{});
+}
+XENC_INLINE vf exp2_nonpositive(vf x) { XENC_PARTWISE(exp2_part(x.part[i])); }
+#undef XENC_PARTWISE
+
+XENC_INLINE void transpose16(vf r[16]) {
+  float t[16][16];
+  for (int i = 0; i < 16; ++i) store(t[i], r[i]);
+  for (int i = 0; i < 16; ++i) {
+    float c[16];
+    for (int j = 0; j < 16; ++j) c[j] = t[j][i];
+    r[i] = loadu(c);
+  }
+}
+#endif  // XENC_AVX512
+
+// Lanes l of 16 with a <= l < b.
+XENC_INLINE uint32_t lane_range(int64_t a, int64_t b) {
+  a = std::clamp<int64_t>(a, 0, 16);
+  b = std::clamp<int64_t>(b, 0, 16);
+  return ((1u << b) - 1u) & ~((1u << a) - 1u);
+}
+
+// Calls f(std::integral_constant<int, n>) for a runtime n in 1..N: dispatch to register-blocked templates.
+template <int N, typename F>
+XENC_INLINE void with_count(int64_t n, F&& f) {
+  if constexpr (N > 1) {
+    if (n < N) {
+      with_count<N - 1>(n, std::forward<F>(f));
+      return;
+    }
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Problem and work items.
+
+// One call's inputs, as raw pointers and element strides.
+template <typename T>
+struct Problem {
+  const T* q;
+  const T* k;
+  const T* v;
+  T* out;
+  int64_t q_stride, k_stride, v_stride, out_stride;  // row strides, in elements
+  std::vector<int64_t> cu_q, cu_k;
+  int64_t num_heads, head_dim;
+  float scale;
+  int64_t half_window;  // key j is visible from query i iff |i - j| <= half_window; -1: every key is
+
+  int64_t num_seqs() const { return static_cast<int64_t>(cu_q.size()) - 1; }
+  int64_t num_queries(int64_t b) const { return cu_q[b + 1] - cu_q[b]; }
+  int64_t num_keys(int64_t b) const { return cu_k[b + 1] - cu_k[b]; }
+  // Visible keys of query position i in a sequence of nk keys: [key_begin, key_end).
+  int64_t key_begin(int64_t i) const { return half_window < 0 ? 0 : std::max<int64_t>(0, i - half_window); }
+  int64_t key_end(int64_t i, int64_t nk) const {
+    return half_window < 0 ? nk : std::min<int64_t>(nk, i + half_window + 1);
+  }
+  // Head h of query position i of sequence b (likewise keys, values, output).
+  const T* q_at(int64_t b, int64_t i, int64_t h) const { return q + (cu_q[b] + i) * q_stride + h * head_dim; }
+  const T* k_at(int64_t b, int64_t j, int64_t h) const { return k + (cu_k[b] + j) * k_stride + h * head_dim; }
+  const T* v_at(int64_t b, int64_t j, int64_t h) const { return v + (cu_k[b] + j) * v_stride + h * head_dim; }
+  T* out_at(int64_t b, int64_t i, int64_t h) const { return out + (cu_q[b] + i) * out_stride + h * head_dim; }
+};
+
+// Queries [q_begin, q_end) of one head of one sequence.
+struct Item {
+  int64_t seq, head, q_begin, q_end;
+};
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A 64-byte aligned scratch buffer.
+struct Scratch {
+  struct Free {
+    void operator()(void* p) const { c10::free_cpu(p); }
+  };
+  std::unique_ptr<void, Free> data;
+  explicit Scratch(int64_t bytes) : data(c10::alloc_cpu(static_cast<size_t>(std::max<int64_t>(bytes, 64)))) {}
+  template <typename U>
+  U* as() const { return static_cast<U*>(data.get()); }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The kernel.
+
+// bf16 inputs use the bf16 pair dot product (vdpbf16ps) for scores where the CPU has it; fp32 everywhere else.
+template <typename T>
+constexpr bool kPairedKeys = std::is_same_v<T, BFloat16> && XENC_BF16_DOT;
+
+// Transposes keys [0, nk) of one head into blocks of 16 keys: block k0/16 holds dh rows of 16 floats, element
+// [d][j] being column d of key k0 + j. Keys past nk are zero.
+template <typename T>
+void pack_keys_f32(const T* k, int64_t stride, int64_t nk, int64_t dh, float* kt) {
+  for (int64_t k0 = 0; k0 < nk; k0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, nk - k0);
+    float* block = kt + k0 * dh;
+    for (int64_t c0 = 0; c0 < dh; c0 += 16) {
+      const int64_t cols = std::min<int64_t>(16, dh - c0);
+      vf r[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        r[j] = j < rows ? load_first(k + (k0 + j) * stride + c0, cols) : zeros();
+      }
+      transpose16(r);
+      for (int64_t c = 0; c < cols; ++c) {
+        store(block + (c0 + c) * 16, r[c]);
+      }
+    }
+  }
+}
+
+// fp32 scores: R query rows (stride q_stride) against N consecutive 16-key blocks of the fp32 K^T layout.
+template <int R, int N>
+XENC_INLINE void score_tile(const float* q, int64_t q_stride, const float* kt, int64_t dh, vf (&acc)[R][N]) {
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) {
+      acc[r][n] = zeros();
+    }
+  }
+  for (int64_t d = 0; d < dh; ++d) {
+    vf kv[N];
+    for (int n = 0; n < N; ++n) {
+      kv[n] = load(kt + n * dh * 16 + d * 16);
+    }
+    for (int r = 0; r < R; ++r) {
+      const vf qb = splat(q[r * q_stride + d]);
+      for (int n = 0; n < N; ++n) {
+        acc[r][n] = fma(qb, kv[n], acc[r][n]);
+      }
+    }
+  }
+}
+
+#if XENC_BF16_DOT
+// The paired layout for the bf16 dot product: block k0/16 holds ceil(dh/2) rows of 16 dwords, element [d2][j]
+// being columns 2 d2 and 2 d2 + 1 of key k0 + j (a zero pads odd dh). Keys past nk are zero.
+void pack_keys_bf16_pairs(const BFloat16* k, int64_t stride, int64_t nk, int64_t dh, uint32_t* kt) {
+  const int64_t pairs = (dh + 1) / 2;
+  for (int64_t k0 = 0; k0 < nk; k0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, nk - k0);
+    uint32_t* block = kt + k0 * pairs;
+    for (int64_t c0 = 0; c0 < dh; c0 += 32) {
+      const int64_t cols = std::min<int64_t>(32, dh - c0);
+      const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
+      vf r[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        const BFloat16* row = k + (k0 + j) * stride + c0;
+        r[j] = j < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, row)) : zeros();
+      }
+      transpose16(r);
+      for (int64_t c = 0; c < (cols + 1) / 2; ++c) {
+        store(reinterpret_cast<float*>(block + (c0 / 2 + c) * 16), r[c]);
+      }
+    }
+  }
+}
+
+// bf16 scores: R rows of query pairs (stride q_stride dwords) against N blocks of the paired K^T layout.
+template <int R, int N>
+XENC_INLINE void score_tile(const uint32_t* q, int64_t q_stride, const uint32_t* kt, int64_t pairs,
+                            vf (&acc)[R][N]) {
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) {
+      acc[r][n] = zeros();
+    }
+  }
+  for (int64_t d = 0; d < pairs; ++d) {
+    __m512i kv[N];
+    for (int n = 0; n < N; ++n) {
+      kv[n] = _mm512_load_si512(kt + n * pairs * 16 + d * 16);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i qb = _mm512_set1_epi32(static_cast<int>(q[r * q_stride + d]));
+      for (int n = 0; n < N; ++n) {
+        acc[r][n] =
+            _mm512_dpbf16_ps(acc[r][n], reinterpret_cast<__m512bh>(qb), reinterpret_cast<__m512bh>(kv[n]));
+      }
+    }
+  }
+}
+#endif  // XENC_BF16_DOT
+
+// Scores of R queries against N * 16 keys: accumulators -> scaled by c, keys outside each query's [lo, hi)
+// set to -inf when `masked`, stored to rows of s and folded into the running maxima.
+template <int R, int N>
+XENC_INLINE void store_scores(vf (&acc)[R][N], float c, const int64_t* lo, const int64_t* hi, int64_t k0,
+                              bool masked, float* s, int64_t s_stride, vf* row_max) {
+  const vf cv = splat(c);
+  for (int r = 0; r < R; ++r) {
+    vf m = row_max[r];
+    for (int n = 0; n < N; ++n) {
+      vf x = acc[r][n] * cv;
+      if (masked) {
+        const int64_t base = k0 + 16 * n;
+        x = keep_lanes(x, lane_range(lo[r] - base, hi[r] - base), -std::numeric_limits<float>::infinity());
+      }
+      store(s + r * s_stride + 16 * n, x);
+      m = vmax(m, x);
+    }
+    row_max[r] = m;
+  }
+}
+
+// out[r] = (sum_j p[r][j] v[j]) * inv_sum[r] over NV * 16 columns, of which the last vector has `tail` lanes.
+template <int R, int NV, typename T>
+XENC_INLINE void weighted_sum_tile(const float* p, int64_t p_stride, const float* v, int64_t v_stride,
+                                   int64_t num_keys, int64_t tail, const float* inv_sum, T* out,
+                                   int64_t out_stride) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < NV; ++c) {
+      acc[r][c] = zeros();
+    }
+  }
+  for (int64_t j = 0; j < num_keys; ++j) {
+    const float* row = v + j * v_stride;
+    vf vv[NV];
+    for (int c = 0; c < NV; ++c) {
+      vv[c] = c + 1 < NV ? loadu(row + 16 * c) : load_first(row + 16 * c, tail);
+    }
+    for (int r = 0; r < R; ++r) {
+      const vf w = splat(p[r * p_stride + j]);
+      for (int c = 0; c < NV; ++c) {
+        acc[r][c] = fma(w, vv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const vf scale = splat(inv_sum[r]);
+    for (int c = 0; c < NV; ++c) {
+      store_first(out + r * out_stride + 16 * c, acc[r][c] * scale, c + 1 < NV ? 16 : tail);
+    }
+  }
+}
+
+template <typename T>
+class Worker {
+  using KeyT = std::conditional_t<kPairedKeys<T>, uint32_t, float>;  // element of the packed K^T and queries
+
+ public:
+  Worker(const Problem<T>& p, int64_t max_keys)
+      : p_(p),
+        dh_(p.head_dim),
+        dh16_(round_up(p.head_dim, 16)),
+        key_width_(kPairedKeys<T> ? (p.head_dim + 1) / 2 : p.head_dim),
+        s_stride_(round_up(std::max<int64_t>(max_keys, 1), 16)),
+        keys_(s_stride_ * key_width_ * static_cast<int64_t>(sizeof(KeyT))),
+        values_(std::is_same_v<T, float> ? 0 : max_keys * dh16_ * static_cast<int64_t>(sizeof(float))),
+        scores_(kRows * s_stride_ * static_cast<int64_t>(sizeof(float))),
+        queries_(kRows * round_up(key_width_, 16) * static_cast<int64_t>(sizeof(KeyT))),
+        scale_log2e_(static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634)) {}
+
+  // Runs `it`; `next` (if any) is the item this thread runs after it, whose rows are prefetched meanwhile.
+  void run(const Item& it, const Item* next) {
+    if (it.seq != packed_seq_ || it.head != packed_head_) {
+      pack(it.seq, it.head);
+    }
+    Lookahead ahead(*this, it, next, (it.q_end - it.q_begin + kRows - 1) / kRows);
+    for (int64_t i = it.q_begin; i < it.q_end; i += kRows) {
+      for (int64_t r = i + kRows; r < std::min<int64_t>(i + 2 * kRows, it.q_end); ++r) {
+        prefetch_slice<Into::L1>(p_.q_at(it.seq, r, it.head));  // the next block's queries
+      }
+      ahead.step();
+      with_count<kRows>(std::min<int64_t>(kRows, it.q_end - i), [&](auto rows) { block<rows()>(it, i); });
+    }
+  }
+
+ private:
+  enum class Into { L1, L2, L1ForWriting };
+
+  // Prefetches the head's slice of one row.
+  template <Into Where>
+  XENC_INLINE void prefetch_slice(const T* row) const {
+    const char* bytes = reinterpret_cast<const char*>(row);
+    for (int64_t b = 0; b < dh_ * static_cast<int64_t>(sizeof(T)); b += 64) {
+      if constexpr (Where == Into::L1) {
+        __builtin_prefetch(bytes + b, 0, 3);
+      } else if constexpr (Where == Into::L2) {
+        __builtin_prefetch(bytes + b, 0, 2);
+      } else {
+        __builtin_prefetch(bytes + b, 1, 3);
+      }
+    }
+  }
+
+  // The rows the next item touches first (keys and values unless it shares this item's, queries, then output rows
+  // for writing), prefetched a few at a time over the query blocks of the current item so that their cache misses
+  // overlap with compute.
+  class Lookahead {
+   public:
+    Lookahead(const Worker& w, const Item& current, const Item* next, int64_t blocks)
+        : w_(w),
+          next_(next),
+          num_keys_(next && (next->seq != current.seq || next->head != current.head) ? w.p_.num_keys(next->seq) : 0),
+          num_queries_(next ? next->q_end - next->q_begin : 0),
+          total_(2 * num_keys_ + 2 * num_queries_),
+          per_block_((total_ + blocks - 1) / blocks) {}
+
+    void step() {
+      const Problem<T>& p = w_.p_;
+      for (const int64_t end = std::min(total_, done_ + per_block_); done_ < end; ++done_) {
+        const int64_t i = done_, seq = next_->seq, head = next_->head;
+        if (i < num_keys_) {
+          w_.template prefetch_slice<Into::L2>(p.k_at(seq, i, head));
+        } else if (i < 2 * num_keys_) {
+          w_.template prefetch_slice<Into::L2>(p.v_at(seq, i - num_keys_, head));
+        } else if (i < 2 * num_keys_ + num_queries_) {
+          w_.template prefetch_slice<Into::L2>(p.q_at(seq, next_->q_begin + i - 2 * num_keys_, head));
+        } else {
+          w_.template prefetch_slice<Into::L1ForWriting>(
+              p.out_at(seq, next_->q_begin + i - 2 * num_keys_ - num_queries_, head));
+        }
+      }
+    }
+
+   private:
+    const Worker& w_;
+    const Item* next_;
+    const int64_t num_keys_, num_queries_, total_, per_block_;
+    int64_t done_ = 0;
+  };
+
+  // K^T of (seq, head) into keys_; for 16-bit types, values widened to fp32 rows of dh16_ into values_.
+  void pack(int64_t seq, int64_t head) {
+    const int64_t nk = p_.num_keys(seq);
+    if constexpr (kPairedKeys<T>) {
+#if XENC_BF16_DOT
+      pack_keys_bf16_pairs(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<uint32_t>());
+#endif
+    } else {
+      pack_keys_f32(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<float>());
+    }
+    if constexpr (!std::is_same_v<T, float>) {
+      float* dst = values_.as<float>();
+      for (int64_t j = 0; j < nk; ++j) {
+        const T* src = p_.v_at(seq, j, head);
+        for (int64_t c = 0; c < dh16_; c += 16) {
+          store(dst + j * dh16_ + c, load_first(src + c, std::min<int64_t>(16, dh_ - c)));
+        }
+      }
+    }
+    packed_seq_ = seq;
+    packed_head_ = head;
+  }
+
+  // Query rows of the block in the layout score_tile takes: the input itself for fp32, else a copy in queries_.
+  const KeyT* query_rows(const Item& it, int64_t i0, int64_t rows, int64_t* stride) {
+    if constexpr (std::is_same_v<T, float>) {
+      *stride = p_.q_stride;
+      return p_.q_at(it.seq, i0, it.head);
+    } else {
+      const int64_t width = round_up(key_width_, 16);
+      KeyT* dst = queries_.as<KeyT>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* src = p_.q_at(it.seq, i0 + r, it.head);
+        if constexpr (kPairedKeys<T>) {  // bf16 pairs: the raw row, zero-padded to whole dwords
+#if XENC_BF16_DOT
+          for (int64_t c = 0; c < dh_; c += 32) {
+            const int64_t cols = std::min<int64_t>(32, dh_ - c);
+            const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
+            _mm512_storeu_si512(dst + r * width + c / 2, _mm512_maskz_loadu_epi16(mask, src + c));
+          }
+#endif
+        } else {
+          for (int64_t c = 0; c < dh_; c += 16) {
+            store(dst + r * width + c, load_first(src + c, std::min<int64_t>(16, dh_ - c)));
+          }
+        }
+      }
+      *stride = width;
+      return dst;
+    }
+  }
+
+  // Queries i0 .. i0 + R - 1 of the item.
+  template <int R>
+  void block(const Item& it, int64_t i0) {
+    const int64_t nk = p_.num_keys(it.seq);
+    int64_t lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      lo[r] = p_.key_begin(i0 + r);
+      hi[r] = p_.key_end(i0 + r, nk);
+    }
+    // Keys [k_begin, k_end) cover every row's visible keys; scores start at the 16-key block of k_begin.
+    const int64_t k_begin = lo[0], k_end = hi[R - 1], k_base = k_begin / 16 * 16;
+    float* s = scores_.as<float>();
+
+    int64_t q_stride;
+    const KeyT* q = query_rows(it, i0, R, &q_stride);
+    vf row_max[R];
+    for (int r = 0; r < R; ++r) {
+      row_max[r] = splat(-std::numeric_limits<float>::infinity());
+    }
+    for (int64_t k0 = k_base; k0 < k_end; k0 += 16 * kKeyVecs) {
+      const int64_t vecs = std::min<int64_t>(kKeyVecs, (k_end - k0 + 15) / 16);
+      const bool masked = lo[R - 1] > k0 || hi[0] < k0 + 16 * vecs;
+      const KeyT* kt = keys_.as<KeyT>() + k0 * key_width_;
+      with_count<kKeyVecs>(vecs, [&](auto n) {
+        vf acc[R][n()];
+        score_tile<R, n()>(q, q_stride, kt, key_width_, acc);
+        store_scores<R, n()>(acc, scale_log2e_, lo, hi, k0, masked, s + (k0 - k_base), s_stride_, row_max);
+      });
+    }
+
+    // Softmax numerators exp(s - max) in place (scores carry log2(e), so exp2), and 1 / their sums.
+    const int64_t length = round_up(k_end - k_base, 16);
+    float inv_sum[R];
+    for (int r = 0; r < R; ++r) {
+      const vf top = splat(reduce_max(row_max[r]));
+      float* row = s + r * s_stride_;
+      vf sum = zeros();
+      for (int64_t j = 0; j < length; j += 16) {
+        const vf e = exp2_nonpositive(load(row + j) - top);
+        store(row + j, e);
+        sum = sum + e;
+      }
+      inv_sum[r] = 1.f / reduce_add(sum);
+    }
+
+    // Weighted sums of the value rows, kColVecs * 16 columns at a time.
+    const float* v;
+    int64_t v_stride;
+    if constexpr (std::is_same_v<T, float>) {
+      v = p_.v_at(it.seq, k_begin, it.head);
+      v_stride = p_.v_stride;
+    } else {
+      v = values_.as<float>() + k_begin * dh16_;
+      v_stride = dh16_;
+    }
+    const float* p = s + (k_begin - k_base);
+    T* out = p_.out_at(it.seq, i0, it.head);
+    for (int64_t c0 = 0; c0 < dh_; c0 += 16 * kColVecs) {
+      const int64_t cols = std::min<int64_t>(16 * kColVecs, dh_ - c0);
+      const int64_t tail = cols - 16 * ((cols - 1) / 16);
+      with_count<kColVecs>((cols + 15) / 16, [&](auto nv) {
+        weighted_sum_tile<R, nv()>(p, s_stride_, v + c0, v_stride, k_end - k_begin, tail, inv_sum, out + c0,
+                                   p_.out_stride);
+      });
+    }
+  }
+
+  const Problem<T>& p_;
+  const int64_t dh_, dh16_;
+  const int64_t key_width_;  // elements per key in the packed K^T: dh floats or ceil(dh / 2) bf16 pairs
+  const int64_t s_stride_;   // floats per row of scores_, >= every sequence's key count rounded up to 16
+  Scratch keys_, values_, scores_, queries_;
+  const float scale_log2e_;
+  int64_t packed_seq_ = -1, packed_head_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Scheduling.
+
+// Splits the problem into items and runs them on the intra-op threads, each with a Worker of its own.
+// Sequences go longest first and items are taken from a shared counter, so threads finish together even when
+// lengths vary or another process takes a core. A (sequence, head) is split into query blocks only when there
+// are too few of them to keep every thread busy; a worker reuses its packed keys across consecutive items.
+template <typename T>
+void run_items(const Problem<T>& p) {
+  const int64_t num_threads = at::get_num_threads();
+  std::vector<int64_t> seqs;
+  int64_t max_keys = 0;
+  for (int64_t b = 0; b < p.num_seqs(); ++b) {
+    if (p.num_queries(b) > 0) {
+      seqs.push_back(b);
+      max_keys = std::max(max_keys, p.num_keys(b));
+    }
+  }
+  if (seqs.empty()) {
+    return;
+  }
+  auto cost = [&](int64_t b) {
+    const int64_t nk = p.num_keys(b);
+    const int64_t visible = p.half_window < 0 ? nk : std::min(nk, 2 * p.half_window + 1);
+    return p.num_queries(b) * visible + nk;
+  };
+  std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+
+  const int64_t pairs = static_cast<int64_t>(seqs.size()) * p.num_heads;
+  const int64_t wanted = 8 * num_threads;
+  const int64_t splits = pairs >= wanted ? 1 : (wanted + pairs - 1) / pairs;
+  std::vector<Item> items;
+  for (int64_t b : seqs) {
+    const int64_t nq = p.num_queries(b);
+    const int64_t block = round_up((nq + splits - 1) / splits, kRows);
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      for (int64_t i = 0; i < nq; i += block) {
+        items.push_back({b, h, i, std::min(nq, i + block)});
+      }
+    }
+  }
+
+  // Each thread claims its next item before running the current one, so the worker can prefetch its rows.
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  std::atomic<int64_t> counter{0};
+  at::parallel_for(0, std::min(num_threads, num_items), 1, [&](int64_t, int64_t) {
+    Worker<T> worker(p, max_keys);
+    for (int64_t i = counter.fetch_add(1, std::memory_order_relaxed); i < num_items;) {
+      const int64_t next = counter.fetch_add(1, std::memory_order_relaxed);
+      worker.run(items[i], next < num_items ? &items[next] : nullptr);
+      i = next;
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The operator.
+
+std::vector<int64_t> read_offsets(const at::Tensor& cu, const char* name) {
+  TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 1, name, " must be 1-D with at least one element, got shape ",
+              cu.sizes());
+  TORCH_CHECK(cu.device().is_cpu(), name, " must be on the CPU");
+  std::vector<int64_t> out(cu.numel());
+  if (cu.scalar_type() == at::kInt) {
+    const auto a = cu.accessor<int32_t, 1>();
+    for (int64_t i = 0; i < cu.numel(); ++i) out[i] = a[i];
+  } else {
+    TORCH_CHECK(cu.scalar_type() == at::kLong, name, " must be int32 or int64, got ", cu.scalar_type());
+    const auto a = cu.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < cu.numel(); ++i) out[i] = a[i];
+  }
+  return out;
+}
+
+void check_operand(const at::Tensor& x, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(x.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(x.dim() == 2, name, " must be 2-D (tokens, heads * head_dim), got shape ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == q.scalar_type(), name, " has dtype ", x.scalar_type(), " but q has ",
+              q.scalar_type());
+  TORCH_CHECK(x.size(1) == q.size(1), name, " has ", x.size(1), " columns but q has ", q.size(1));
+  TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, name, " must have contiguous columns (stride 1), got strides ",
+              x.strides());
+  TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= 0, name, " must have non-negative row stride");
+}
+
+template <typename T>
+void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, std::vector<int64_t> cu_q,
+         std::vector<int64_t> cu_k, int64_t num_heads, double scale, int64_t window) {
+  Problem<T> p{q.const_data_ptr<T>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
+               q.stride(0), k.stride(0), v.stride(0), out.stride(0), std::move(cu_q), std::move(cu_k),
+               num_heads, q.size(1) / num_heads, static_cast<float>(scale), window < 0 ? -1 : window / 2};
+  // Rows outside every sequence (a filler tail) are zero.
+  const int64_t row_bytes = out.size(1) * static_cast<int64_t>(sizeof(T));
+  if (out.numel() > 0) {
+    std::memset(p.out, 0, p.cu_q.front() * row_bytes);
+    std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
+  }
+  run_items(p);
+}
+
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
+                            double scale, int64_t window) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "packed_attention supports float32, bfloat16 and float16, got ", q.scalar_type());
+  check_operand(q, "q", q);
+  check_operand(k, "k", q);
+  check_operand(v, "v", q);
+  TORCH_CHECK(num_heads > 0 && q.size(1) % num_heads == 0, "num_heads (", num_heads, ") must divide the ",
+              q.size(1), " columns of q");
+  const int64_t head_dim = q.size(1) / num_heads;
+  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "head_dim must be in [1, ", kMaxHeadDim, "], got ",
+              head_dim);
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  TORCH_CHECK(window >= -1, "window must be >= 0 (or -1 for full attention), got ", window);
+
+  std::vector<int64_t> cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q");
+  std::vector<int64_t> cu_k = read_offsets(cu_seqlens_k, "cu_seqlens_k");
+  TORCH_CHECK(cu_q.size() == cu_k.size(), "cu_seqlens_q and cu_seqlens_k must have the same length, got ",
+              cu_q.size(), " and ", cu_k.size());
+  TORCH_CHECK(cu_q.front() >= 0 && cu_q.back() <= q.size(0), "cu_seqlens_q must lie within q's ", q.size(0),
+              " rows");
+  TORCH_CHECK(cu_k.front() >= 0 && cu_k.back() <= k.size(0) && cu_k.back() <= v.size(0),
+              "cu_seqlens_k must lie within the rows of k and v");
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int64_t nq = cu_q[b + 1] - cu_q[b], nk = cu_k[b + 1] - cu_k[b];
+    TORCH_CHECK(nq >= 0 && nk >= 0, "cu_seqlens must be non-decreasing (sequence ", b, ")");
+    TORCH_CHECK(nq <= nk, "sequence ", b, " has ", nq, " queries but only ", nk,
+                " keys; queries are the first tokens of their sequence");
+  }
+
+  at::Tensor out = at::empty({q.size(0), q.size(1)}, q.options());
+  if (q.scalar_type() == at::kFloat) {
+    run<float>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    run<BFloat16>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window);
+  } else {
+    run<Half>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace xenc_lab
+
+TORCH_LIBRARY(xenc_lab, m) {
+  m.def(
+      "packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, "
+      "float scale, int window) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) { m.impl("packed_attention", &xenc_lab::packed_attention); }

@@ -1,0 +1,156 @@
+"""Native CPU kernels, compiled on first use (torch.utils.cpp_extension, JIT) and cached on disk.
+
+The extension in ``csrc/`` is built with ``-O3 -march=native`` into ``$XENC_LAB_CACHE/kernels/<torch version>/<cpu>``
+(default ``~/.cache/xenc_lab/kernels/...``), once per kind of CPU, and loaded once per process. When it
+cannot be built (no compiler, no ninja, ...) or ``XENC_LAB_NO_KERNELS=1`` is set, one warning is logged and the
+functions here return None: callers fall back to torch's own ops.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("xenc_lab")
+
+_SOURCES = [Path(__file__).parent / "csrc" / "packed_attention.cpp"]
+_NAME = "xenc_lab_kernels"
+
+_lock = threading.Lock()
+_loaded: bool | None = None  # whether the extension's ops are in torch.ops.xenc_lab; None until first needed
+
+
+def _build_directory() -> Path:
+    root = Path(os.environ.get("XENC_LAB_CACHE", Path.home() / ".cache" / "xenc_lab"))
+    return root / "kernels" / torch.__version__ / _cpu_tag()
+
+
+def _cpu_tag() -> str:
+    """The machine and a hash of its CPU model and features: a -march=native build is only reused on the same kind
+    of CPU, even when the cache directory is shared between machines."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = [platform.processor()]
+    keys = ("model name", "flags", "features", "cpu part")  # x86 model and flags; Arm features and core part
+    cpu = sorted({line for line in lines if line.lower().startswith(keys)} or set(lines))
+    digest = hashlib.sha256("\n".join(cpu).encode()).hexdigest()
+    return f"{platform.machine()}-{digest[:12]}"
+
+
+def _compiler_flags() -> tuple[list[str], list[str]]:
+    """(cflags, ldflags). -ffp-contract=fast lets the generic-vector kernel (no AVX-512) use FMA instructions.
+    at::parallel_for is inline: with torch's OpenMP backend the extension must be compiled with OpenMP too, or
+    every parallel_for would run on one thread. Linking -fopenmp adds a libgomp.so.1 NEEDED entry, which resolves
+    to the libgomp torch already loaded (same soname), so both share one thread pool."""
+    cflags, ldflags = ["-O3", "-march=native", "-ffp-contract=fast"], []
+    if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    return cflags, ldflags
+
+
+def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window):
+    return q.new_empty(q.shape)
+
+
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; a virtual environment's own ninja (the PyPI package) is not on it unless
+    the environment is activated, so put it there."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _build() -> bool:
+    """Builds (or finds built) and loads the extension; False, with one warning, if that fails or is disabled."""
+    if os.environ.get("XENC_LAB_NO_KERNELS") == "1":
+        logger.warning("xenc_lab native kernels disabled by XENC_LAB_NO_KERNELS=1; using torch ops instead")
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        _ninja_on_path()
+        directory = _build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        cflags, ldflags = _compiler_flags()
+        cpp_extension.load(
+            name=_NAME,
+            sources=[str(s) for s in _SOURCES],
+            extra_cflags=cflags,
+            extra_ldflags=ldflags,
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+        # Shapes for tracing (torch.compile, meta tensors): the output is q-shaped, whatever the data.
+        torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
+        return True
+    except Exception as e:  # any failure to build or load means: no kernels, use the fallback
+        logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", _reason(e))
+        logger.debug("xenc_lab native kernel build failure", exc_info=True)
+        return False
+
+
+def _reason(e: Exception) -> str:
+    """One line on why the build failed. A failed build's message is ninja's log: skip its progress lines and the
+    echoed commands, and prefer a compiler error line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    progress = ("Error building extension", "[", "FAILED:", "ninja:")
+    commands = (" -MMD ", " -shared ")
+    informative = [line for line in lines if not line.startswith(progress) and not any(c in line for c in commands)]
+    errors = [line for line in informative if "error" in line.lower()]
+    line = (errors or informative or lines or [""])[0]
+    return f"{type(e).__name__}: {line[:300]}"
+
+
+@torch.compiler.assume_constant_result
+def _available() -> bool:
+    """Whether the extension is loaded, building and loading it on the first call of the process. A constant to
+    torch.compile, which calls it once while tracing (a build cannot be traced) and keeps the answer."""
+    global _loaded
+    if _loaded is None:
+        with _lock:
+            if _loaded is None:
+                _loaded = _build()
+    return _loaded
+
+
+def packed_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    num_heads: int,
+    scale: float | None,
+    window: int | None = None,
+) -> torch.Tensor | None:
+    """softmax(q k^T * scale) v per sequence and head, on a packed token stream; None without the kernel.
+
+    q is (Tq, H * dh), k and v (Tk, H * dh), float32, bfloat16 or float16 (head_dim <= 256), rows possibly strided
+    (column slices of one fused qkv tensor are read in place). Sequence b's keys and values are rows
+    cu_seqlens_k[b]:[b + 1]; its queries are rows cu_seqlens_q[b]:[b + 1] of q and are the FIRST tokens of the
+    sequence: cu_seqlens_q == cu_seqlens_k for self-attention, arange(B + 1) for the first token only. With
+    ``window``, key j is visible from query i iff |i - j| <= window // 2. ``scale`` None means head_dim ** -0.5.
+    Returns (Tq, H * dh) contiguous, q's dtype; rows of q outside every sequence come back as zeros.
+    Everything but the inputs and the output is computed in float32.
+    """
+    if not _available():
+        return None
+    if window is not None and window < 0:
+        raise ValueError(f"window must be >= 0 or None, got {window}")
+    if scale is None:
+        scale = (q.shape[-1] // num_heads) ** -0.5
+    return torch.ops.xenc_lab.packed_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, float(scale), -1 if window is None else int(window)
+    )
