@@ -154,12 +154,20 @@ def test_prepacked_linear_equals_linear_to_the_bit_and_so_do_its_row_slices(bias
     assert packed.rows(16, 48) is packed.rows(16, 48)  # packed once
 
 
-def test_prepack_linears_touches_only_cpu_bfloat16_models():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepack_linears_replaces_every_linear_and_keeps_its_products(dtype):
+    if not PrepackedLinear.supported(dtype, torch.device("cpu")):
+        pytest.skip(f"no oneDNN {dtype} GEMM on this CPU")
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear  # float32: MKL needs no prepacking
-    if PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
-        model = model.to(torch.bfloat16)
-        x = torch.randn(3, 4, dtype=torch.bfloat16)
-        want = model(x)
-        assert prepack_linears(model) == 2 and isinstance(model[2], PrepackedLinear)
-        assert torch.equal(model(x), want)
+    model = model.to(dtype).requires_grad_(False)
+    x = torch.randn(16, 4, dtype=dtype)
+    want = model(x)
+    assert prepack_linears(model) == 2 and isinstance(model[0], PrepackedLinear)
+    torch.testing.assert_close(model(x), want, atol=1e-6, rtol=1e-6)  # float32: rounding may differ from MKL's
+    assert prepack_linears(model) == 0  # nothing left to prepack
+
+
+def test_prepack_linears_leaves_float16_to_torch():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.float16))
+    assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear

@@ -53,8 +53,8 @@ def model_gflop(config, lengths: np.ndarray) -> float:
 
 
 def gemm_rate(config, dtype: torch.dtype, tokens: int = 4096, repeats: int = 5) -> float:
-    """GFLOP/s of the CPU's fastest GEMM that torch offers at the model's projection shapes
-    (tokens x d -> d, 3d, f; f -> d): MKL in float32, oneDNN with prepacked weights in bfloat16."""
+    """GFLOP/s of the fastest CPU GEMM that torch offers at the model's projection shapes
+    (tokens x d -> d, 3d, f; f -> d): oneDNN with prepacked weights where available, else torch's default."""
     _, d, f = encoder_dims(config)
     shapes = [(d, 3 * d), (d, d), (d, f), (f, d)]
     x = {k: torch.randn(tokens, k, dtype=dtype) for k in {d, f}}

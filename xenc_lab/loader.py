@@ -124,7 +124,11 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(tensors, strict=False, assign=True)
 
 
-def load_model(path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def load_model(
+    path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype, prepack: bool = True
+) -> nn.Module:
+    """The packed model with the checkpoint's weights, ready to run; ``prepack``: CPU linears get oneDNN's
+    weight layout (eager runs; torch.compile's inductor cannot lower those ops in float32)."""
     model = build_model(config)
     load_weights(model, read_checkpoint(path))
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -132,5 +136,6 @@ def load_model(path: Path, config: PretrainedConfig, device: torch.device, dtype
     for module in list(model.modules()):
         if hasattr(module, "after_load"):
             module.after_load()
-    prepack_linears(model)  # CPU bfloat16: oneDNN's weight layout, once
+    if prepack:
+        prepack_linears(model)
     return model

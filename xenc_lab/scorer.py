@@ -99,7 +99,7 @@ class Scorer:
                 f"({longest} tokens in pages of {page_size}); raise max_batch_tokens or lower max_length"
             )
         self.device = torch.device(self.config.device)
-        model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
+        model = load_model(path, self.hf_config, self.device, self.config.torch_dtype, prepack=not compile)
         self.runner = ModelRunner(model, self.device, compile)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
