@@ -171,3 +171,16 @@ def test_prepack_linears_replaces_every_linear_and_keeps_its_products(dtype):
 def test_prepack_linears_leaves_float16_to_torch():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.float16))
     assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
+    if not PrepackedLinear.supported(dtype, torch.device("cpu")):
+        pytest.skip(f"no oneDNN {dtype} GEMM on this CPU")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 64).to(dtype).requires_grad_(False)
+    x = torch.randn(20, 32, dtype=dtype) * 3
+    want = torch.nn.functional.gelu(linear(x).float())
+    got = PrepackedLinear(linear)(x, activation="gelu").float()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16: the fused GELU rounds once, the reference twice
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)

@@ -11,7 +11,7 @@ from torch import nn
 from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
-from ..layers import first_token_attention, fuse_linears, packed_attention, split_first
+from ..layers import PrepackedLinear, first_token_attention, fuse_linears, packed_attention, split_first
 
 
 class Embeddings(nn.Module):
@@ -80,10 +80,11 @@ class Intermediate(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.dense(x)
-        if type(self.act) is GELUActivation:  # exact erf GELU, in place: one pass less over (T, f)
-            return torch.ops.aten.gelu_(h)
-        return self.act(h)
+        if type(self.act) is GELUActivation:  # exact erf GELU: fused into the GEMM, or in place
+            if isinstance(self.dense, PrepackedLinear):
+                return self.dense(x, activation="gelu")
+            return torch.ops.aten.gelu_(self.dense(x))
+        return self.act(self.dense(x))
 
 
 class Layer(nn.Module):
