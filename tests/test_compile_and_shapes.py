@@ -76,3 +76,16 @@ def test_cuda_compiled_with_cuda_graphs_equals_eager(tiny_dir):
     graphs = Scorer(tiny_dir, device="cuda", dtype="bfloat16", compile=True)
     pairs = PAIRS + make_pairs("mixed", 64, seed=4)
     np.testing.assert_allclose(graphs.predict(pairs), eager.predict(pairs), atol=2e-2, rtol=2e-2)
+
+
+def test_every_tensor_of_a_bucket_shaped_batch_has_a_shape_set_by_the_bucket_alone():
+    """A compiled forward guards on tensor shapes: nothing may depend on how many pairs fill the bucket."""
+    from xenc_lab.tokenize import Encodings
+
+    enc = Encodings(np.arange(1, 41, dtype=np.int64), None, np.arange(0, 41, 4, dtype=np.int64))  # 10 pairs of 4
+    shape = (64, 32, 16)
+    batches = [pack(enc, np.arange(n), 16, 0, shape) for n in (3, 7, 10)]
+    names = ("input_ids", "positions", "cu_seqlens", "cu_first", "seq_lens", "pad_index", "unpad_index", "key_mask")
+    for name in (*names, "first_index"):
+        assert len({tuple(getattr(b, name).shape) for b in batches}) == 1, name
+    assert batches[0].cu_first.tolist() == [0, 1, 2, 3] + [3] * 29  # one query per pair, none for the filler

@@ -28,7 +28,9 @@ class PackedBatch:
     input_ids: torch.Tensor  # (T,) int64
     token_type_ids: torch.Tensor | None  # (T,) int64
     positions: torch.Tensor  # (T,) int64, 0-based within each pair
-    cu_seqlens: torch.Tensor  # (P + 1,) int32, pair b is tokens cu_seqlens[b]:cu_seqlens[b + 1]
+    cu_seqlens: torch.Tensor  # (P + 1,) int32, pair b is tokens cu_seqlens[b]:cu_seqlens[b + 1]; with a fixed
+    # shape (B + 1,): the filler sequences are empty there, so its length depends on the shape alone
+    cu_first: torch.Tensor  # like cu_seqlens, for one query per pair (its first token): min(b, P)
     seq_lens: torch.Tensor  # (B,) int64
     max_seqlen: int  # L: longest pair + 1, rounded up to a whole page
     pad_index: torch.Tensor  # (B * L,) int64, the stream token at each (pair, slot); slots past a pair repeat its first token
@@ -90,6 +92,10 @@ def pack(
     slot = np.arange(seq_len, dtype=np.int64)
     valid = slot[None, :] < seq_lens[:, None]  # (B, L)
     pad_index = np.where(valid, first[:, None] + slot[None, :], first[:, None])
+    cu_seqlens = starts
+    if shape is not None:
+        cu_seqlens = np.concatenate([starts, np.full(n_seq - len(pairs), n_real, dtype=np.int64)])
+    cu_first = np.minimum(np.arange(len(cu_seqlens), dtype=np.int64), len(pairs))
     seq_of_token = np.repeat(np.arange(len(pairs), dtype=np.int64), lens)
     unpad_index = np.zeros(total, dtype=np.int64)
     unpad_index[:n_real] = seq_of_token * seq_len + within
@@ -98,7 +104,8 @@ def pack(
         input_ids=torch.from_numpy(input_ids),
         token_type_ids=None if token_type_ids is None else torch.from_numpy(token_type_ids),
         positions=torch.from_numpy(positions),
-        cu_seqlens=torch.from_numpy(starts.astype(np.int32)),
+        cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
+        cu_first=torch.from_numpy(cu_first.astype(np.int32)),
         seq_lens=torch.from_numpy(seq_lens.astype(np.int64)),
         max_seqlen=int(seq_len),
         pad_index=torch.from_numpy(pad_index.reshape(-1)),

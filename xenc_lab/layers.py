@@ -109,14 +109,11 @@ def first_token_attention(
     T, dh = kv.shape[0], d // num_heads
     if q.device.type == "cpu":
         k, v = kv.split(d, dim=-1)
-        cu_q = torch.arange(batch.cu_seqlens.shape[0], dtype=batch.cu_seqlens.dtype)  # one query per pair
-        out = packed_attention_cpu(q, k, v, cu_q, batch.cu_seqlens, num_heads, scale, window)
+        out = packed_attention_cpu(q, k, v, batch.cu_first, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
             return out
     if _use_varlen(q, window):
-        P = batch.cu_seqlens.shape[0] - 1  # pairs; sequences past them (shape filler) have no query here
-        cu_q = _cu_with_filler(torch.arange(P + 1, dtype=batch.cu_seqlens.dtype, device=q.device), B)
-        cu_k = _cu_with_filler(batch.cu_seqlens, T)
+        cu_q, cu_k = _cu_with_filler(batch.cu_first, B), _cu_with_filler(batch.cu_seqlens, T)
         k, v = kv.view(T, 2, num_heads, dh).unbind(1)
         out = _varlen_attn(q.view(B, num_heads, dh), k, v, cu_q, cu_k, 1, batch.max_seqlen, scale=scale)
         return out.reshape(B, d)
