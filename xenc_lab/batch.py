@@ -32,7 +32,7 @@ class PackedBatch:
     # shape (B + 1,): the filler sequences are empty there, so its length depends on the shape alone
     cu_first: torch.Tensor  # like cu_seqlens, for one query per pair (its first token): min(b, P)
     seq_lens: torch.Tensor  # (B,) int64
-    max_seqlen: int  # L: longest pair + 1, rounded up to a whole page
+    max_seqlen: int  # L: longest pair + 1, rounded up to a multiple of ATTENTION_ALIGN
     pad_index: torch.Tensor  # (B * L,) int64, the stream token at each (pair, slot); slots past a pair repeat its first token
     unpad_index: torch.Tensor  # (T,) int64, the (pair, slot) of each stream token; filler tokens point at slot 0
     key_mask: torch.Tensor  # (B, 1, 1, L) bool, True where the slot holds one of the pair's tokens
