@@ -1,6 +1,6 @@
 """Properties that prove xenc_lab's scores are sentence-transformers' CrossEncoder scores.
 
-Every property runs for every architecture in conftest.MODELS. Tolerances: raw logits within
+Every property runs for every architecture in conftest.MODELS, eager and (for raw logits) compiled. Tolerances: raw logits within
 abs 1e-5 x (the model's logit scale, at least 1) + rel 1e-4; activated scores in [0, 1] within 1e-5, and
 unbounded ones (an identity activation) as raw logits; a pair's score independent of its batch within 1e-5
 (plus 1e-5 relative for unbounded scores).
@@ -102,6 +102,19 @@ def test_truncation_at_small_max_length_equals_crossencoder(arch, max_length, pa
     theirs = oracle(arch, max_length).predict(pairs, activation_fn=IDENTITY)
     recorder.add(arch, "float32", "raw logits, max_length 8/23/64", ours, theirs)
     np.testing.assert_allclose(ours, theirs, **logit_tolerance(arch))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@share(0.25)
+@given(pairs=S.pairs)
+def test_compiled_raw_logits_equal_crossencoder(arch, pairs, recorder):
+    """compile=True: inductor fuses the ops between the GEMMs and attention, one graph serves every batch."""
+    compiled = scorer(arch, compile=True)
+    ours = compiled.predict(pairs, activation_fn=IDENTITY)
+    theirs = oracle(arch).predict(pairs, activation_fn=IDENTITY)
+    recorder.add(arch, "float32", "raw logits, compile=True", ours, theirs)
+    np.testing.assert_allclose(ours, theirs, **logit_tolerance(arch))
+    assert compiled.runner.graphs <= 3, f"{compiled.runner.graphs} graphs for {len(compiled.runner.shapes)} batch shapes"
 
 
 # Batches that differ in everything but the pairs: page size, token budget, pairs per batch, order.

@@ -126,6 +126,9 @@ class _CountingRunner:
         self.calls += 1
         return self.runner(batch)
 
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
 
 @pytest.fixture
 def counted(scorer, monkeypatch):

@@ -32,8 +32,9 @@ class BenchRow:
     ceiling_share: float  # gflops / GEMM rate measured at the model's shapes
     max_abs_delta: float  # against sentence-transformers fp32 on the same pairs
     seconds: float
-    compiled_shapes: int = 0  # xenc_lab with compile=True: graphs compiled so far in this dtype
-    compile_seconds: float = 0.0  # and the time their first calls took
+    compiled_graphs: int = 0  # xenc_lab with compile=True: graphs compiled so far in this dtype
+    batch_shapes: int = 0  # distinct (tokens, sequences, attention length) batch shapes they ran
+    compile_seconds: float = 0.0  # time of the calls that compiled a graph
 
 
 def encoder_dims(config) -> tuple[int, int, int]:
@@ -149,7 +150,8 @@ def run(
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
                 )
                 if name == "xenc_lab" and compile:
-                    row.compiled_shapes, row.compile_seconds = len(ours.runner.shapes), ours.runner.compile_seconds
+                    runner = ours.runner
+                    row.compiled_graphs, row.batch_shapes, row.compile_seconds = runner.graphs, len(runner.shapes), runner.compile_seconds
                 rows.append(row)
                 log(
                     f"{workload:>5} {dtype:>8} {name:>21}: {rate:8.1f} pairs/s  x{row.ratio:.2f}  "
@@ -157,7 +159,8 @@ def run(
                     f"max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
                 )
         if compile:
-            log(f"compiled shapes ({dtype}): {len(ours.runner.shapes)}, first-call (compile) time {ours.runner.compile_seconds:.1f} s")
+            runner = ours.runner
+            log(f"compiled graphs ({dtype}): {runner.graphs} for {len(runner.shapes)} batch shapes, compile time {runner.compile_seconds:.1f} s")
     return rows
 
 
@@ -212,12 +215,12 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
             f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
             f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
         )
-    compiled = [r for r in rows if r.compiled_shapes]
+    compiled = [r for r in rows if r.compiled_graphs]
     if compiled:
         last = {r.dtype: r for r in compiled}
         lines += [""] + [
-            f"compile=True, {dtype}: {r.compiled_shapes} page-quantized shapes compiled in {r.compile_seconds:.0f} s "
-            "(first calls, outside the timed runs)."
+            f"compile=True, {dtype}: {r.compiled_graphs} graph(s) compiled in {r.compile_seconds:.0f} s for "
+            f"{r.batch_shapes} distinct batch shapes (first calls, outside the timed runs)."
             for dtype, r in last.items()
         ]
     if notes:

@@ -6,6 +6,9 @@ layer needs no other query, and skipping them is exact.
 """
 from __future__ import annotations
 
+import itertools
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,7 +30,7 @@ def from_padded(y: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
 def _linear_rows(linear: nn.Module, start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
     """Output features start:stop of ``linear`` on x."""
     if isinstance(linear, PrepackedLinear):
-        return linear.rows(start, stop)(x)
+        return linear.forward_rows(x, start, stop)
     bias = None if linear.bias is None else linear.bias[start:stop]
     return F.linear(x, linear.weight[start:stop], bias)
 
@@ -144,7 +147,13 @@ class PrepackedLinear(nn.Module):
     CPUs ran at under half of oneDNN's rate, measured), oneDNN with a reorder per call in bfloat16. Prepacked
     oneDNN GEMMs skip both costs. In bfloat16 the products are the same to the bit; in float32 they round
     differently from MKL's (by float32 rounding, about 1e-7 relative), and like MKL's, a row's result does
-    not depend on the other rows once there are 12 or more (measured). ``weight`` and ``bias`` stay as they were."""
+    not depend on the other rows once there are 12 or more (measured). ``weight`` and ``bias`` stay as they were.
+
+    Under torch.compile the GEMM is one opaque op, ``xenc_lab::prepacked_linear`` (inductor cannot lower
+    oneDNN's packed float32 weights itself): the compiled graph keeps these GEMMs and fuses what lies
+    between them."""
+
+    _keys = itertools.count()
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -152,6 +161,8 @@ class PrepackedLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self._rows: dict[tuple[int, int], PrepackedLinear] = {}
+        self.key = next(self._keys)  # how the compiled op finds this layer
+        _PREPACKED[self.key] = self
 
     @staticmethod
     def supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -161,6 +172,8 @@ class PrepackedLinear(nn.Module):
 
     def rows(self, start: int, stop: int) -> PrepackedLinear:
         """Output features start:stop, prepacked on first use."""
+        if (start, stop) == (0, self.out_features):
+            return self
         if (start, stop) not in self._rows:
             part = nn.Linear(self.in_features, stop - start, bias=self.bias is not None)
             part.weight = nn.Parameter(self.weight[start:stop], requires_grad=False)
@@ -169,10 +182,32 @@ class PrepackedLinear(nn.Module):
             self._rows[start, stop] = PrepackedLinear(part)
         return self._rows[start, stop]
 
-    def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
-        """``activation="gelu"`` applies exact (erf) GELU inside the GEMM: one pass over the output less."""
+    def _gemm(self, x: torch.Tensor, activation: str) -> torch.Tensor:
         algorithm = "none" if activation == "gelu" else ""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, activation, [], algorithm)
+
+    def forward_rows(self, x: torch.Tensor, start: int, stop: int, activation: str = "none") -> torch.Tensor:
+        """Output features start:stop of the layer on x."""
+        if torch.compiler.is_compiling():
+            return _prepacked_linear(x, self.key, start, stop, activation)
+        return self.rows(start, stop)._gemm(x, activation)
+
+    def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
+        """``activation="gelu"`` applies exact (erf) GELU inside the GEMM: one pass over the output less."""
+        return self.forward_rows(x, 0, self.out_features, activation)
+
+
+_PREPACKED: weakref.WeakValueDictionary[int, PrepackedLinear] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("xenc_lab::prepacked_linear", mutates_args=())
+def _prepacked_linear(x: torch.Tensor, key: int, start: int, stop: int, activation: str) -> torch.Tensor:
+    return _PREPACKED[key].rows(start, stop)._gemm(x, activation)
+
+
+@_prepacked_linear.register_fake
+def _(x: torch.Tensor, key: int, start: int, stop: int, activation: str) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], stop - start))
 
 
 def prepack_linears(model: nn.Module) -> int:

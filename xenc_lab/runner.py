@@ -9,38 +9,46 @@ from torch import nn
 from .batch import PackedBatch
 
 
-class ModelRunner:
-    """Runs the model on packed batches; with ``compile``, on batches padded to page-quantized shapes
-    (``pages.bucket_shape``), so a long run compiles a handful of graphs rather than one per batch."""
+def _graphs_compiled() -> int:
+    """Graphs torch.compile has built in this process so far."""
+    from torch._dynamo.utils import counters
 
-    MAX_SHAPES = 64  # compiled graphs kept before torch.compile would fall back to eager
+    return int(counters["stats"]["unique_graphs"])
+
+
+class ModelRunner:
+    """Runs the model on packed batches, compiled or not.
+
+    Compiled on the CPU, the forward is traced once with symbolic sizes (batches are whole pages; the GEMMs
+    and attention are opaque ops, and inductor fuses what lies between them), so any batch reuses the one
+    graph and nothing is padded. On CUDA, "reduce-overhead" records a CUDA graph per shape, which must be
+    static: there the caller pads batches to page-quantized bucket shapes (``pages.bucket_shape``), and a
+    long run compiles a handful of graphs rather than one per batch."""
+
+    MAX_GRAPHS = 64  # compiled graphs kept before torch.compile would fall back to eager
 
     def __init__(self, model: nn.Module, device: torch.device, compile: bool = False):
         self.model = model
         self.device = device
         self.compiled = compile
-        # On CUDA, "reduce-overhead" records a CUDA graph per page-quantized shape.
-        mode = "reduce-overhead" if device.type == "cuda" else None
-        self._forward = torch.compile(model, dynamic=False, mode=mode) if compile else model
-        self.shapes: dict[tuple[int, int, int], float] = {}  # (T, B, L) -> seconds of its first call
+        self.static_shapes = compile and device.type == "cuda"
+        mode = "reduce-overhead" if self.static_shapes else None
+        self._forward = torch.compile(model, dynamic=not self.static_shapes, mode=mode) if compile else model
+        self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
+        self.graphs = 0  # graphs compiled for this model
+        self.compile_seconds = 0.0  # time of the calls that compiled one
 
     @torch.inference_mode()
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
         """(P, num_labels) logits for the batch's pairs, in the batch's order (shape filler dropped)."""
-        shape = (batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen)
-        first = shape not in self.shapes
-        start = time.perf_counter()
+        self.shapes.add((batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen))
         batch = batch.to(self.device)
-        if self.compiled:
-            with torch._dynamo.config.patch(recompile_limit=self.MAX_SHAPES):
-                logits = self._forward(batch)
-        else:
+        if not self.compiled:
+            return self.model(batch)[: len(batch.pairs)]
+        before, start = _graphs_compiled(), time.perf_counter()
+        with torch._dynamo.config.patch(recompile_limit=self.MAX_GRAPHS):
             logits = self._forward(batch)
-        if first:
-            self.shapes[shape] = time.perf_counter() - start
+        if _graphs_compiled() > before:
+            self.graphs += _graphs_compiled() - before
+            self.compile_seconds += time.perf_counter() - start
         return logits[: len(batch.pairs)]
-
-    @property
-    def compile_seconds(self) -> float:
-        """Time spent in first calls of each shape: compilation, when compiled."""
-        return sum(self.shapes.values())

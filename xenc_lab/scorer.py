@@ -99,7 +99,7 @@ class Scorer:
                 f"({longest} tokens in pages of {page_size}); raise max_batch_tokens or lower max_length"
             )
         self.device = torch.device(self.config.device)
-        model = load_model(path, self.hf_config, self.device, self.config.torch_dtype, prepack=not compile)
+        model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
         self.runner = ModelRunner(model, self.device, compile)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
@@ -183,7 +183,7 @@ class Scorer:
             for start, enc in self._tokenized_windows(text_1, text_2):
                 for pairs_idx in plan_batches(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
                     shape = None
-                    if cfg.compile:
+                    if self.runner.static_shapes:
                         lens = enc.lengths[pairs_idx]
                         shape = bucket_shape(int(lens.sum()), len(pairs_idx), int(lens.max()), cfg.page_size, cfg.pages_per_batch)
                     batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id, shape)
