@@ -242,3 +242,24 @@ def test_disabled_by_environment_variable():
 def test_no_compiler_means_none_and_one_warning(tmp_path):
     all_none, records = call_in_subprocess({"CXX": str(tmp_path / "no-such-c++"), "XENC_LAB_CACHE": str(tmp_path)})
     assert all_none and len(records) == 1 and records[0].startswith("WARNING") and "unavailable" in records[0]
+
+
+def test_a_build_killed_halfway_does_not_block_the_next(tmp_path):
+    """The first use builds the library; a process killed during that build (a notebook kernel restarted) must
+    leave nothing that makes the next process wait or fail."""
+    import signal
+    import time
+
+    env = {**os.environ, "XENC_LAB_CACHE": str(tmp_path)}
+    code = "import torch; from xenc_lab.kernels import _available; print(_available())"
+    first = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("kernels/*/*/build-*/*")) and time.time() < deadline:  # the build has begun
+        time.sleep(0.2)
+    time.sleep(1.0)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert list(tmp_path.glob("kernels/*/*/build-*")), "the killed build left no scratch directory to test with"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "True", run.stderr[-2000:]
+    assert len(list(tmp_path.glob("kernels/*/*/xenc_lab_kernels-*.so"))) == 1

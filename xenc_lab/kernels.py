@@ -1,9 +1,11 @@
 """Native CPU kernels, compiled on first use (torch.utils.cpp_extension, JIT) and cached on disk.
 
 The extension in ``csrc/`` is built with ``-O3 -march=native`` into ``$XENC_LAB_CACHE/kernels/<torch version>/<cpu>``
-(default ``~/.cache/xenc_lab/kernels/...``), once per kind of CPU, and loaded once per process. When it
-cannot be built (no compiler, no ninja, ...) or ``XENC_LAB_NO_KERNELS=1`` is set, one warning is logged and the
-functions here return None: callers fall back to torch's own ops.
+(default ``~/.cache/xenc_lab/kernels/...``), once per kind of CPU and version of the sources, and loaded once per
+process. Each build runs in a directory of its own and publishes the finished library with an atomic rename, so
+concurrent first uses do not wait on each other and a build killed halfway leaves nothing that blocks the next.
+When it cannot be built (no compiler, no ninja, ...) or ``XENC_LAB_NO_KERNELS=1`` is set, one warning is logged and
+the functions here return None: callers fall back to torch's own ops.
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import logging
 import os
 import platform
 import shutil
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -71,27 +75,50 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def _library_path(cflags: list[str], ldflags: list[str]) -> Path:
+    """Where the built library lives: named by a hash of the sources and flags, so an edit means a new build."""
+    digest = hashlib.sha256()
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(" ".join(cflags + ldflags).encode())
+    return _build_directory() / f"{_NAME}-{digest.hexdigest()[:16]}.so"
+
+
+def _compile_into(library: Path, cflags: list[str], ldflags: list[str]) -> None:
+    """Build in a private directory next to ``library``, then rename the result into place (atomic on one
+    filesystem): other processes see either no library or a whole one."""
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    library.parent.mkdir(parents=True, exist_ok=True)
+    for stale in library.parent.glob("build-*"):  # left by builds that were killed: none takes an hour
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="build-", dir=library.parent) as scratch:
+        cpp_extension.load(
+            name=_NAME,
+            sources=[str(s) for s in _SOURCES],
+            extra_cflags=cflags,
+            extra_ldflags=ldflags,
+            build_directory=scratch,
+            is_python_module=False,
+            verbose=False,
+        )
+        os.replace(Path(scratch) / f"{_NAME}.so", library)
+
+
 def _build() -> bool:
     """Builds (or finds built) and loads the extension; False, with one warning, if that fails or is disabled."""
     if os.environ.get("XENC_LAB_NO_KERNELS") == "1":
         logger.warning("xenc_lab native kernels disabled by XENC_LAB_NO_KERNELS=1; using torch ops instead")
         return False
     try:
-        from torch.utils import cpp_extension
-
-        _ninja_on_path()
-        directory = _build_directory()
-        directory.mkdir(parents=True, exist_ok=True)
         cflags, ldflags = _compiler_flags()
-        cpp_extension.load(
-            name=_NAME,
-            sources=[str(s) for s in _SOURCES],
-            extra_cflags=cflags,
-            extra_ldflags=ldflags,
-            build_directory=str(directory),
-            is_python_module=False,
-            verbose=False,
-        )
+        library = _library_path(cflags, ldflags)
+        if library.exists():
+            torch.ops.load_library(str(library))
+        else:  # the build loads what it built
+            _compile_into(library, cflags, ldflags)
         # Shapes for tracing (torch.compile, meta tensors): the output is q-shaped, whatever the data.
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
         return True
