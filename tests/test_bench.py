@@ -25,6 +25,15 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
     text = path.read_text()
     assert "| short | float32 | xenc_lab | 8 | 90 | 14.0 | 1.40x |" in text
     assert (tmp_path / "throughput.png").stat().st_size > 1000
+    assert "moved between two identical calls" not in text and "compile=True" not in text
+
+
+def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path):
+    row = bench.BenchRow("mixed", "float32", "xenc_lab", 8, 140.0, 5.0, 1.5, 100.0, 0.5, 3e-6, 1.6,
+                         oracle_drift=1.4e-4, compiled_graphs=1, batch_shapes=12, compile_seconds=13.2)
+    text = bench.write_report([row], tmp_path, "xenc-lab bench --compile").read_text()
+    assert "up to 1.4e-04 (mixed, float32)" in text
+    assert "compile=True, float32: 1 graph(s) compiled in 13 s for 12 distinct batch shapes" in text
 
 
 def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_path, capsys):
