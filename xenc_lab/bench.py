@@ -104,7 +104,8 @@ def run(
     seed: int = 0,
     log=print,
 ) -> list[BenchRow]:
-    """Benchmark rows for each (workload, dtype): sentence-transformers then xenc_lab."""
+    """Benchmark rows for each (workload, dtype): sentence-transformers, xenc_lab, and with ``compile``
+    xenc_lab with compile=True as a third engine."""
     from sentence_transformers import CrossEncoder
 
     from . import Scorer
@@ -119,32 +120,37 @@ def run(
             log("skipping bfloat16: this CPU has neither AMX nor AVX512-BF16")
             continue
         torch_dtype = getattr(torch, dtype)
-        ours = Scorer(path, device="cpu", dtype=dtype, compile=compile)
         theirs = reference if dtype == "float32" else CrossEncoder(path, device="cpu", model_kwargs={"dtype": torch_dtype})
-        ceiling = gemm_rate(ours.hf_config, torch_dtype)
+        ours = {"xenc_lab": Scorer(path, device="cpu", dtype=dtype)}
+        if compile:
+            ours["xenc_lab compiled"] = Scorer(path, device="cpu", dtype=dtype, compile=True)
+        config = ours["xenc_lab"].hf_config
+        ceiling = gemm_rate(config, torch_dtype)
         for workload in workloads:
             pairs = make_pairs(workload, n_pairs, seed=seed)
-            enc = ours.tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
-            gflop = model_gflop(ours.hf_config, enc.lengths)
+            enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
+            gflop = model_gflop(config, enc.lengths)
             exact = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
             warm = pairs[: min(64, len(pairs))]
-            # Compiled: a first pass over every pair compiles each shape the timed runs will meet, outside them.
-            ours.predict(pairs if compile else warm, activation_fn=identity)
+            engines = {"sentence-transformers": lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)}
+            for name, scorer in ours.items():
+                # Compiled: a first pass over every pair compiles what the timed runs will need, outside them.
+                scorer.predict(pairs if scorer.config.compile else warm, activation_fn=identity)
+                engines[name] = lambda scorer=scorer: scorer.predict(pairs, activation_fn=identity)
             theirs.predict(warm, activation_fn=identity, batch_size=st_batch_size)
-            times = {"sentence-transformers": [], "xenc_lab": []}
+            times = {name: [] for name in engines}
             outs = {}
-            for r in range(repeats):  # alternate which engine goes first
-                engines = [("sentence-transformers", lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)),
-                           ("xenc_lab", lambda: ours.predict(pairs, activation_fn=identity))]
-                for name, fn in engines if r % 2 == 0 else engines[::-1]:
-                    seconds, outs[name] = _timed(fn)
+            order = list(engines)
+            for r in range(repeats):  # rotate which engine goes first
+                for name in order[r % len(order):] + order[: r % len(order)]:
+                    seconds, outs[name] = _timed(engines[name])
                     times[name].append(seconds)
             # The reference should not move; where it does (MKL's kernel choice is not fixed), say by how much.
             drift = float(np.abs(reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size) - exact).max())
             if drift:
                 log(f"{workload} {dtype}: sentence-transformers' fp32 logits moved by up to {drift:.1e} between two identical calls")
             base = None
-            for name in ("sentence-transformers", "xenc_lab"):
+            for name in engines:
                 seconds = statistics.median(times[name])
                 rate = len(pairs) / seconds
                 base = base or rate
@@ -155,8 +161,8 @@ def run(
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
                     oracle_drift=drift,
                 )
-                if name == "xenc_lab" and compile:
-                    runner = ours.runner
+                if name in ours and ours[name].config.compile:
+                    runner = ours[name].runner
                     row.compiled_graphs, row.batch_shapes, row.compile_seconds = runner.graphs, len(runner.shapes), runner.compile_seconds
                 rows.append(row)
                 log(
@@ -165,7 +171,7 @@ def run(
                     f"max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
                 )
         if compile:
-            runner = ours.runner
+            runner = ours["xenc_lab compiled"].runner
             log(f"compiled graphs ({dtype}): {runner.graphs} for {len(runner.shapes)} batch shapes, compile time {runner.compile_seconds:.1f} s")
     return rows
 

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     b.add_argument("--pairs", type=int, default=256, help="pairs per workload")
     b.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median is reported)")
-    b.add_argument("--compile", action="store_true", help="torch.compile xenc_lab's forward")
+    b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
     b.set_defaults(func=bench)
