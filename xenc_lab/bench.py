@@ -227,6 +227,9 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
             f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
             f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
         )
+    ceilings = {r.dtype: r.gflops / r.ceiling_share for r in rows if r.ceiling_share}
+    lines += ["", "GEMM rate measured at the model's shapes (the ceiling): "
+              + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in ceilings.items()) + "."]
     drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
     if drifted:
         lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "
