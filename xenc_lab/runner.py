@@ -48,7 +48,7 @@ class ModelRunner:
         before, start = _graphs_compiled(), time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=self.MAX_GRAPHS):
             logits = self._forward(batch)
-        if _graphs_compiled() > before:
-            self.graphs += _graphs_compiled() - before
+        if (after := _graphs_compiled()) > before:
+            self.graphs += after - before
             self.compile_seconds += time.perf_counter() - start
         return logits[: len(batch.pairs)]
