@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from transformers import BertConfig
 
 from xenc_lab import bench
@@ -43,3 +44,43 @@ def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_
     assert "sentence-transformers" in out and "xenc_lab compiled" in out
     table = (tmp_path / "throughput.md").read_text()
     assert table.count("| short | float32 |") == 3 and "graph(s) compiled" in table
+
+
+def test_bench_runs_a_workload_of_ones_own_from_a_file(tiny_dir, tmp_path, capsys):
+    pairs = tmp_path / "heldout.jsonl"
+    pairs.write_text("".join(f'{{"query": "question {i}?", "passage": "{"word " * (3 * i + 1)}end."}}\n' for i in range(12)))
+    assert main(["bench", "--model", str(tiny_dir), "--pairs-file", str(pairs), "--pairs", "10",
+                 "--dtypes", "float32", "--repeats", "1", "--report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "workload 'heldout': 10 pairs from" in out
+    table = (tmp_path / "throughput.md").read_text()
+    assert table.count("| heldout | float32 |") == 2 and "| short |" not in table
+    row = next(line for line in table.splitlines() if "| heldout | float32 | xenc_lab |" in line)
+    assert row.split("|")[4].strip() == "10"  # pairs
+
+
+def test_bench_api_takes_named_pairs_and_checks_them_before_timing_anything(tiny_dir):
+    logged = []
+    rows = bench.run(tiny_dir, workloads={"mine": [("a query?", "a passage."), ("b?", "b.")] * 4},
+                     dtypes=("float32",), repeats=1, log=logged.append)
+    assert [(r.workload, r.engine, r.pairs) for r in rows] == [
+        ("mine", "sentence-transformers", 8), ("mine", "xenc_lab", 8)]
+    assert rows[1].max_abs_delta < 1e-4 and logged
+    for workloads, error, message in (
+        ([("mine", [("q", 3)])], TypeError, "text_2 must be str"),
+        ([("mine", [])], ValueError, "non-empty list"),
+        (["medium"], ValueError, "not a built-in one"),
+        ([42], TypeError, "built-in name or a \\(name, pairs\\) tuple"),
+        (["short", ("short", [("q", "p")])], ValueError, "distinct"),
+        ([], ValueError, "at least one"),
+    ):
+        logged.clear()
+        with pytest.raises(error, match=message):
+            bench.run(tiny_dir, workloads=workloads, dtypes=("float32",), log=logged.append)
+        assert not logged  # refused before any engine was loaded or timed
+
+
+def test_cli_bench_refuses_a_non_positive_pair_count(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--pairs", "0"])
+    assert "expected a positive integer, got 0" in capsys.readouterr().err

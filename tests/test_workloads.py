@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from xenc_lab.workloads import WORKLOADS, make_pairs
+from xenc_lab.workloads import WORKLOADS, load_pairs, make_pairs
 
 WORDS = {"short": ((5, 15), (50, 100)), "long": ((5, 15), (470, 560)), "mixed": ((4, 20), (10, 600))}
 
@@ -55,3 +55,37 @@ def test_make_pairs_rejects_n_that_is_not_a_non_negative_int(n):
 def test_make_pairs_rejects_a_bool_count():
     with pytest.raises(ValueError, match="n must"):
         make_pairs("short", True)
+
+
+def test_load_pairs_reads_jsonl_objects_and_lists(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"query": "q1", "passage": "p1"}\n\n["q2", "p2"]\n{"text_1": "q3", "document": "p\\t3"}\n')
+    assert load_pairs(path) == [("q1", "p1"), ("q2", "p2"), ("q3", "p\t3")]
+
+
+def test_load_pairs_reads_tsv_with_or_without_a_header(tmp_path):
+    headed = tmp_path / "headed.tsv"
+    headed.write_text("qid\tquery\tpassage\n1\twhat is x?\tx is y.\n2\twho\t\"quoted, text\"\n")
+    assert load_pairs(headed) == [("what is x?", "x is y."), ("who", "quoted, text")]
+    bare = tmp_path / "bare.csv"
+    bare.write_text('what is x?,"x, y and z."\n')
+    assert load_pairs(bare) == [("what is x?", "x, y and z.")]
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("a.txt", "q\tp\n", "expected a .jsonl, .tsv or .csv file"),
+        ("b.jsonl", '{"query": "q"}\n', "b.jsonl:1: expected a query field"),
+        ("c.jsonl", '{"query": "q", "passage": "p"}\nnot json\n', "c.jsonl:2: not JSON"),
+        ("d.jsonl", '["q", 3]\n', "d.jsonl:1: query and passage must be strings"),
+        ("e.tsv", "a\tb\tc\n", "e.tsv:1: expected two columns"),
+        ("f.tsv", "query\tpassage\nq\n", "f.tsv:2: expected 2 fields"),
+        ("g.jsonl", "\n", "no pairs found"),
+    ],
+)
+def test_load_pairs_names_the_file_and_line_of_bad_input(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_pairs(path)

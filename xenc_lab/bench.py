@@ -93,6 +93,35 @@ def _timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def _resolve_workloads(workloads, n_pairs: int, seed: int) -> list[tuple[str, list]]:
+    """(name, pairs) for each workload: a built-in name ('short', 'mixed', 'long'), a (name, pairs)
+    tuple, or a mapping of names to pairs. All are checked before anything is timed."""
+    from .scorer import _split_pairs
+    from .workloads import WORKLOADS
+
+    items = list(workloads.items()) if isinstance(workloads, dict) else list(workloads)
+    if not items:
+        raise ValueError("workloads must name at least one workload")
+    resolved = []
+    for item in items:
+        if isinstance(item, str):
+            if item not in WORKLOADS:
+                raise ValueError(f"workload {item!r} is not a built-in one {WORKLOADS}; pass (name, pairs) for your own")
+            resolved.append((item, make_pairs(item, n_pairs, seed=seed)))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            name, pairs = item
+            if not isinstance(pairs, (list, tuple)) or not pairs:
+                raise ValueError(f"workload {name!r}: expected a non-empty list of (query, passage) pairs, got {type(pairs).__name__}")
+            _split_pairs(pairs)
+            resolved.append((name, [tuple(p) for p in pairs]))
+        else:
+            raise TypeError(f"each workload must be a built-in name or a (name, pairs) tuple, got {type(item).__name__}")
+    names = [name for name, _ in resolved]
+    if len(set(names)) != len(names):
+        raise ValueError(f"workload names must be distinct, got {names}")
+    return resolved
+
+
 def run(
     model_path=None,
     workloads=("short", "mixed", "long"),
@@ -105,12 +134,16 @@ def run(
     log=print,
 ) -> list[BenchRow]:
     """Benchmark rows for each (workload, dtype): sentence-transformers, xenc_lab, and with ``compile``
-    xenc_lab with compile=True as a third engine."""
+    xenc_lab with compile=True as a third engine.
+
+    ``workloads`` are built-in names (``n_pairs`` pairs each, from ``seed``), ``(name, pairs)`` tuples
+    of your own (``xenc_lab.workloads.load_pairs`` reads them from a file), or a dict of name to pairs."""
     from sentence_transformers import CrossEncoder
 
     from . import Scorer
     from .zoo import minilm_cross_encoder
 
+    workloads = _resolve_workloads(workloads, n_pairs, seed)
     path = str(model_path or minilm_cross_encoder())
     identity = torch.nn.Identity()
     rows: list[BenchRow] = []
@@ -126,8 +159,7 @@ def run(
             ours["xenc_lab compiled"] = Scorer(path, device="cpu", dtype=dtype, compile=True)
         config = ours["xenc_lab"].hf_config
         ceiling = gemm_rate(config, torch_dtype)
-        for workload in workloads:
-            pairs = make_pairs(workload, n_pairs, seed=seed)
+        for workload, pairs in workloads:
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
             exact = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)

@@ -74,13 +74,32 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import bench as B
 
+    from .workloads import load_pairs
+
+    workloads = list(args.workloads or ([] if args.pairs_file else ["short", "mixed", "long"]))
+    for file in args.pairs_file or []:
+        pairs = load_pairs(file)
+        if args.pairs is not None:
+            pairs = pairs[: args.pairs]
+        print(f"workload {Path(file).stem!r}: {len(pairs)} pairs from {file}")
+        workloads.append((Path(file).stem, pairs))
     rows = B.run(
-        args.model, workloads=args.workloads, dtypes=args.dtypes, n_pairs=args.pairs,
+        args.model, workloads=workloads, dtypes=args.dtypes, n_pairs=args.pairs or 256,
         repeats=args.repeats, compile=args.compile,
     )
     notes = []
@@ -114,9 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=demo)
     b = sub.add_parser("bench", help="pairs/s of xenc_lab and sentence-transformers side by side")
     b.add_argument("--model", default=None, help="model directory or hub id (default: the offline MiniLM-L6 cross-encoder)")
-    b.add_argument("--workloads", nargs="+", default=["short", "mixed", "long"], choices=["short", "mixed", "long"])
+    b.add_argument("--workloads", nargs="+", default=None, choices=["short", "mixed", "long"],
+                   help="built-in workloads (default: all three, or none when --pairs-file is given)")
+    b.add_argument("--pairs-file", nargs="+", default=None, metavar="FILE",
+                   help="workloads of your own: .jsonl, .tsv or .csv files of (query, passage) pairs, named by file stem")
     b.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    b.add_argument("--pairs", type=int, default=256, help="pairs per workload")
+    b.add_argument("--pairs", type=_positive_int, default=None,
+                   help="pairs per built-in workload (default 256); for --pairs-file, the first PAIRS of each file (default all)")
     b.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median is reported)")
     b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")

@@ -52,3 +52,78 @@ def make_pairs(kind: str = "mixed", n: int = 1000, seed: int = 0) -> list[tuple[
             d = rng.randint(10, 60) if u < 0.5 else rng.randint(60, 250) if u < 0.85 else rng.randint(250, 600)
         pairs.append((_text(rng, q) + "?", _text(rng, d) + "."))
     return pairs
+
+
+QUERY_COLUMNS = ("query", "text_1", "question")
+PASSAGE_COLUMNS = ("passage", "document", "text_2", "doc", "text")
+
+
+def _pair_from_columns(row: dict, where: str) -> tuple[str, str]:
+    query = next((c for c in QUERY_COLUMNS if c in row), None)
+    passage = next((c for c in PASSAGE_COLUMNS if c in row), None)
+    if query is None or passage is None:
+        raise ValueError(
+            f"{where}: expected a query field (one of {QUERY_COLUMNS}) and a passage field "
+            f"(one of {PASSAGE_COLUMNS}), got fields {sorted(row)}"
+        )
+    return row[query], row[passage]
+
+
+def load_pairs(path) -> list[tuple[str, str]]:
+    """(query, passage) pairs from a file, for benchmarking on a workload of one's own.
+
+    - ``.jsonl``: one JSON object per line with a query field (``query``, ``text_1`` or ``question``)
+      and a passage field (``passage``, ``document``, ``text_2``, ``doc`` or ``text``), or a
+      two-element list ``[query, passage]``.
+    - ``.tsv`` / ``.csv``: a header naming those fields, or no header and exactly two columns.
+
+    Every pair must be two strings; anything else is a ValueError naming the line.
+    """
+    import csv
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".jsonl", ".tsv", ".csv"):
+        raise ValueError(f"{path}: expected a .jsonl, .tsv or .csv file, got {suffix or 'no suffix'!r}")
+    pairs: list[tuple[str, str]] = []
+    with path.open(encoding="utf-8", newline="") as f:
+        if suffix == ".jsonl":
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+                if isinstance(item, dict):
+                    pair = _pair_from_columns(item, f"{path}:{n}")
+                elif isinstance(item, list) and len(item) == 2:
+                    pair = tuple(item)
+                else:
+                    raise ValueError(f"{path}:{n}: expected an object or a [query, passage] list, got {line.strip()[:80]!r}")
+                pairs.append((pair[0], pair[1], n))
+        else:
+            rows = list(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","))
+            header = [c.strip().lower() for c in rows[0]] if rows else []
+            named = any(c in header for c in QUERY_COLUMNS) and any(c in header for c in PASSAGE_COLUMNS)
+            for n, row in enumerate(rows[1:] if named else rows, 2 if named else 1):
+                if not row:
+                    continue
+                if named:
+                    if len(row) != len(header):
+                        raise ValueError(f"{path}:{n}: expected {len(header)} fields as in the header, got {len(row)}")
+                    pairs.append((*_pair_from_columns(dict(zip(header, row)), f"{path}:{n}"), n))
+                elif len(row) == 2:
+                    pairs.append((row[0], row[1], n))
+                else:
+                    raise ValueError(
+                        f"{path}:{n}: expected two columns (query, passage) or a header naming them, got {len(row)} columns"
+                    )
+    for query, passage, n in pairs:
+        if not isinstance(query, str) or not isinstance(passage, str):
+            raise ValueError(f"{path}:{n}: query and passage must be strings, got {type(query).__name__} and {type(passage).__name__}")
+    if not pairs:
+        raise ValueError(f"{path}: no pairs found")
+    return [(q, p) for q, p, _ in pairs]
