@@ -68,6 +68,15 @@ def oracle(arch: str, max_length: int | None = None):
     return CrossEncoder(str(model_dir(arch)), device="cpu", max_length=max_length)
 
 
+@functools.cache
+def exact_oracle(arch: str, max_length: int | None = None):
+    """The oracle with its weights and math in float64: exact arithmetic, for telling an ill-conditioned input
+    (where sentence-transformers' own fp32 result is off by more than our tolerance) from a real difference."""
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(model_dir(arch)), device="cpu", max_length=max_length, model_kwargs={"dtype": torch.float64})
+
+
 RECORDER = ParityRecorder()
 
 

@@ -13,6 +13,11 @@ class ParityRecorder:
     def __init__(self):
         self.deltas: dict[tuple[str, str, str], list[np.ndarray]] = defaultdict(list)
         self.values: dict[tuple[str, str, str], list[np.ndarray]] = defaultdict(list)
+        self.arbitrations: list[tuple[str, float, float]] = []  # (arch, oracle's fp32 error, ours) vs float64
+
+    def arbitrated(self, arch: str, oracle_error: float, our_error: float) -> None:
+        """An example outside tolerance, settled against the float64 oracle."""
+        self.arbitrations.append((arch, oracle_error, our_error))
 
     def add(self, arch: str, dtype: str, quantity: str, ours, oracle) -> np.ndarray:
         ours, oracle = np.asarray(ours, dtype=np.float64), np.asarray(oracle, dtype=np.float64)
@@ -44,5 +49,15 @@ class ParityRecorder:
         ]
         for arch, dtype, quantity, n, mx, mean, spread in self.rows():
             lines.append(f"| {arch} | {dtype} | {quantity} | {n} | {mx:.2e} | {mean:.2e} | {spread:.3g} |")
+        if self.arbitrations:
+            lines += [
+                "",
+                f"{len(self.arbitrations)} example(s) fell outside the tolerance and were checked against the oracle "
+                "in float64 (ill-conditioned inputs, where the oracle's own fp32 error exceeds the tolerance; "
+                "hypothesis's shrinking repeats a failing example, so one input can count more than once):",
+                "",
+                "| architecture | CrossEncoder fp32 error vs float64 | xenc_lab error vs float64 |",
+                "|---|---:|---:|",
+            ] + [f"| {arch} | {theirs:.2e} | {ours:.2e} |" for arch, theirs, ours in self.arbitrations]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")

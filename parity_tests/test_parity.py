@@ -5,6 +5,11 @@ abs 1e-5 x (the model's logit scale, at least 1) + rel 1e-4; activated scores in
 unbounded ones (an identity activation) as raw logits; a pair's score independent of its batch within 1e-5
 (plus 1e-5 relative for unbounded scores).
 
+Where a result is outside its tolerance, the same pairs are scored by the oracle in float64, and ours must then be no
+further from that exact result than sentence-transformers' own fp32 result is (plus the tolerance). Some inputs
+are ill-conditioned for the tiny random models (a near one-hot attention, say): there the oracle's own fp32 error
+exceeds the tolerance, and agreeing with its rounding would prove nothing. A wrong result is far from both.
+
 The logit scale is the std of the oracle's raw logits on a fixed probe set: fp32 rounding differences
 (our GEMMs and attention are not sentence-transformers' MKL and SDPA) grow with the size of a model's
 activations, and the tiny random models' logits reach tens; for the real MiniLM the scale is below 1.
@@ -20,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from . import strategies as S
-from .conftest import ARCHS, model_dir, oracle, scorer
+from .conftest import ARCHS, exact_oracle, model_dir, oracle, scorer
 
 IDENTITY = torch.nn.Identity()
 
@@ -56,13 +61,30 @@ def _st_token_ids(ce, pairs):
     return ids, types
 
 
+def assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, tolerance, recorder, max_length=None, **predict_kwargs):
+    """ours == theirs within ``tolerance`` or, failing that, no further than theirs from the float64 result."""
+    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    atol, rtol = tolerance["atol"], tolerance["rtol"]
+    if np.all(np.abs(ours - theirs) <= atol + rtol * np.abs(theirs)):
+        return
+    truth = np.asarray(exact_oracle(arch, max_length).predict(pairs, **predict_kwargs), dtype=np.float64)
+    ours_error, their_error = np.abs(ours - truth), np.abs(theirs - truth)
+    recorder.arbitrated(arch, float(their_error.max()), float(ours_error.max()))
+    worse = ours_error > their_error + atol + rtol * np.abs(truth)
+    assert not worse.any(), (
+        f"{arch}: |ours - CrossEncoder| is {np.abs(ours - theirs).max():.2e}, beyond atol={atol:.1e} rtol={rtol:.1e}, "
+        f"and against float64 ours is off by {ours_error.max():.2e} where CrossEncoder's fp32 is off by "
+        f"{their_error.max():.2e}: ours={ours[worse][:4]}, CrossEncoder={theirs[worse][:4]}, float64={truth[worse][:4]}"
+    )
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @given(pairs=S.pairs)
 def test_raw_logits_equal_crossencoder(arch, pairs, recorder):
     ours = scorer(arch).predict(pairs, activation_fn=IDENTITY)
     theirs = oracle(arch).predict(pairs, activation_fn=IDENTITY)
     recorder.add(arch, "float32", "raw logits", ours, theirs)
-    np.testing.assert_allclose(ours, theirs, **logit_tolerance(arch))
+    assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, logit_tolerance(arch), recorder, activation_fn=IDENTITY)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -74,7 +96,7 @@ def test_activated_scores_equal_crossencoder(arch, pairs, softmax, recorder):
     assert ours.dtype == np.float32 and ours.shape == theirs.shape
     recorder.add(arch, "float32", "activated scores", ours, theirs)
     tolerance = {"atol": 1e-5, "rtol": 0} if bounded(arch, softmax) else logit_tolerance(arch)
-    np.testing.assert_allclose(ours, theirs, **tolerance)
+    assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, tolerance, recorder, apply_softmax=softmax)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -101,7 +123,9 @@ def test_truncation_at_small_max_length_equals_crossencoder(arch, max_length, pa
     ours = ours_scorer.predict(pairs, activation_fn=IDENTITY)
     theirs = oracle(arch, max_length).predict(pairs, activation_fn=IDENTITY)
     recorder.add(arch, "float32", "raw logits, max_length 8/23/64", ours, theirs)
-    np.testing.assert_allclose(ours, theirs, **logit_tolerance(arch))
+    assert_as_exact_as_the_oracle(
+        arch, pairs, ours, theirs, logit_tolerance(arch), recorder, max_length=max_length, activation_fn=IDENTITY
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -113,7 +137,7 @@ def test_compiled_raw_logits_equal_crossencoder(arch, pairs, recorder):
     ours = compiled.predict(pairs, activation_fn=IDENTITY)
     theirs = oracle(arch).predict(pairs, activation_fn=IDENTITY)
     recorder.add(arch, "float32", "raw logits, compile=True", ours, theirs)
-    np.testing.assert_allclose(ours, theirs, **logit_tolerance(arch))
+    assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, logit_tolerance(arch), recorder, activation_fn=IDENTITY)
     assert compiled.runner.graphs <= 3, f"{compiled.runner.graphs} graphs for {len(compiled.runner.shapes)} batch shapes"
 
 

@@ -157,3 +157,15 @@ def test_a_hub_id_is_found_in_the_huggingface_hub_cache_offline(tiny_dir, tmp_pa
     by_id = Scorer("acme/tiny-cross-encoder", device="cpu")
     assert by_id.path == repo / "snapshots" / revision
     np.testing.assert_allclose(by_id.predict([("a", "b")]), Scorer(tiny_dir, device="cpu").predict([("a", "b")]), atol=1e-6)
+
+
+def test_loading_onto_the_cpu_builds_the_native_kernels_before_the_first_predict(tiny_dir, monkeypatch):
+    from xenc_lab import kernels
+
+    builds = []
+    monkeypatch.setattr(kernels, "_loaded", None)  # as in a fresh process
+    monkeypatch.setattr(kernels, "_build", lambda: builds.append(1) or False)
+    Scorer(tiny_dir, device="cpu")
+    assert builds == [1]  # built (or found) while loading, once; predict() then finds the answer cached
+    Scorer(tiny_dir, device="cpu")
+    assert builds == [1]

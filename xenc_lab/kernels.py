@@ -90,6 +90,7 @@ def _compile_into(library: Path, cflags: list[str], ldflags: list[str]) -> None:
     from torch.utils import cpp_extension
 
     _ninja_on_path()
+    logger.info("compiling xenc_lab's CPU attention kernel into %s (once per kind of CPU and torch version)", library.parent)
     library.parent.mkdir(parents=True, exist_ok=True)
     for stale in library.parent.glob("build-*"):  # left by builds that were killed: none takes an hour
         if time.time() - stale.stat().st_mtime > 3600:
@@ -150,6 +151,12 @@ def _available() -> bool:
             if _loaded is None:
                 _loaded = _build()
     return _loaded
+
+
+def load() -> bool:
+    """Builds (first time on this kind of CPU) and loads the native kernels now rather than inside the first
+    forward pass; True if they are available. ``Scorer`` calls it when loading a model onto the CPU."""
+    return _available()
 
 
 def packed_attention_cpu(

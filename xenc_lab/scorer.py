@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import kernels
 from .batch import pack
 from .config import ScorerConfig
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
@@ -101,6 +102,8 @@ class Scorer:
         self.device = torch.device(self.config.device)
         model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
         self.runner = ModelRunner(model, self.device, compile)
+        if self.device.type == "cpu":
+            kernels.load()  # a first build belongs to loading, not to the first predict()
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
         self.overlap_tokenization = True
