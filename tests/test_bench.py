@@ -27,6 +27,17 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
     assert "| short | float32 | xenc_lab | 8 | 90 | 14.0 | 1.40x |" in text
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert "moved between two identical calls" not in text and "compile=True" not in text
+    assert "slower than fp32" not in text
+
+
+def test_report_says_when_bf16_products_are_slower_than_fp32_here(tmp_path):
+    rows = [
+        bench.BenchRow("short", dtype, "xenc_lab", 8, 90.0, 10.0, 1.4, gflops, 0.9, 1e-2, 0.8)
+        for dtype, gflops in (("float32", 200.0), ("bfloat16", 130.0))
+    ]
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
+    assert "float32 222 GFLOP/s, bfloat16 144 GFLOP/s" in text
+    assert "bf16 matrix products are slower than fp32" in text
 
 
 def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path):

@@ -262,6 +262,10 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     ceilings = {r.dtype: r.gflops / r.ceiling_share for r in rows if r.ceiling_share}
     lines += ["", "GEMM rate measured at the model's shapes (the ceiling): "
               + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in ceilings.items()) + "."]
+    if ceilings.get("bfloat16", 0) and ceilings["bfloat16"] < ceilings.get("float32", 0):
+        lines += ["", "On this CPU bf16 matrix products are slower than fp32 ones, as measured above (without AMX, "
+                  "its bf16 dot products do no more work per cycle than fp32 FMAs, and converting costs extra): "
+                  "here fp32 is both the faster and the exact choice."]
     drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
     if drifted:
         lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "
