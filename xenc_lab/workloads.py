@@ -103,7 +103,11 @@ def load_pairs(path) -> list[tuple[str, str]]:
                     pair = tuple(item)
                 else:
                     raise ValueError(f"{path}:{n}: expected an object or a [query, passage] list, got {line.strip()[:80]!r}")
-                pairs.append((pair[0], pair[1], n))
+                if not all(isinstance(text, str) for text in pair):
+                    raise ValueError(
+                        f"{path}:{n}: query and passage must be strings, got {' and '.join(type(t).__name__ for t in pair)}"
+                    )
+                pairs.append((pair[0], pair[1]))
         else:
             rows = list(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","))
             header = [c.strip().lower() for c in rows[0]] if rows else []
@@ -114,16 +118,13 @@ def load_pairs(path) -> list[tuple[str, str]]:
                 if named:
                     if len(row) != len(header):
                         raise ValueError(f"{path}:{n}: expected {len(header)} fields as in the header, got {len(row)}")
-                    pairs.append((*_pair_from_columns(dict(zip(header, row)), f"{path}:{n}"), n))
+                    pairs.append(_pair_from_columns(dict(zip(header, row)), f"{path}:{n}"))
                 elif len(row) == 2:
-                    pairs.append((row[0], row[1], n))
+                    pairs.append((row[0], row[1]))
                 else:
                     raise ValueError(
                         f"{path}:{n}: expected two columns (query, passage) or a header naming them, got {len(row)} columns"
                     )
-    for query, passage, n in pairs:
-        if not isinstance(query, str) or not isinstance(passage, str):
-            raise ValueError(f"{path}:{n}: query and passage must be strings, got {type(query).__name__} and {type(passage).__name__}")
     if not pairs:
         raise ValueError(f"{path}: no pairs found")
-    return [(q, p) for q, p, _ in pairs]
+    return pairs
