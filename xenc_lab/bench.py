@@ -162,7 +162,7 @@ def run(
         for workload, pairs in workloads:
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
-            exact = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
+            first = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
             warm = pairs[: min(64, len(pairs))]
             engines = {"sentence-transformers": lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)}
             for name, scorer in ours.items():
@@ -178,7 +178,9 @@ def run(
                     seconds, outs[name] = _timed(engines[name])
                     times[name].append(seconds)
             # The reference should not move; where it does (MKL's kernel choice is not fixed), say by how much.
-            drift = float(np.abs(reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size) - exact).max())
+            # Deltas are taken against its last call: where it moved, its first call was the odd one out.
+            exact = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
+            drift = float(np.abs(exact - first).max())
             if drift:
                 log(f"{workload} {dtype}: sentence-transformers' fp32 logits moved by up to {drift:.1e} between two identical calls")
             base = None
@@ -202,6 +204,13 @@ def run(
                     f"{row.gflops:7.1f} GFLOP/s ({100 * row.ceiling_share:.0f}% of {ceiling:.0f})  "
                     f"max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
                 )
+        # A busy moment during one measurement lowers it: measure the ceiling again and keep the higher.
+        settled = max(ceiling, gemm_rate(config, torch_dtype))
+        if settled > ceiling:
+            log(f"{dtype}: GEMM ceiling re-measured at {settled:.0f} GFLOP/s (first {ceiling:.0f}); shares use it")
+            for row in rows:
+                if row.dtype == dtype:
+                    row.ceiling_share = row.gflops / settled
         if compile:
             runner = ours["xenc_lab compiled"].runner
             log(f"compiled graphs ({dtype}): {runner.graphs} for {len(runner.shapes)} batch shapes, compile time {runner.compile_seconds:.1f} s")
