@@ -263,3 +263,33 @@ def test_a_build_killed_halfway_does_not_block_the_next(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.split()[-1] == "True", run.stderr[-2000:]
     assert len(list(tmp_path.glob("kernels/*/*/xenc_lab_kernels-*.so"))) == 1
+
+
+# The builds other CPUs get: the bf16 pair dot product (AMD cores with AVX512-BF16) and the generic vectors (no
+# AVX-512: AVX2, NEON, ...). This machine builds them with extra flags and runs the numerical tests above on them.
+OTHER_BUILDS = {
+    "bf16-pair-dot": ("-DXENC_PAIRED_BF16=1", "avx512_bf16"),
+    "generic-vectors": ("-mno-avx512f", "avx512f"),
+}
+
+
+@pytest.mark.parametrize("build", list(OTHER_BUILDS))
+def test_the_builds_of_other_cpus(attention, build, monkeypatch):
+    flags, needs = OTHER_BUILDS[build]
+    cpu_flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    if needs not in cpu_flags:
+        pytest.skip(f"this CPU has no {needs}: its default build is already the one under test")
+    monkeypatch.setenv("XENC_LAB_KERNEL_CFLAGS", flags)
+    library = kernels._library_path(*kernels._compiler_flags())
+    numerical = "not subprocess and not environment and not compiler and not killed and not other_cpus and not traceable"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", numerical],
+        env={**os.environ, "XENC_LAB_KERNEL_CFLAGS": flags},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert library.exists(), f"the {build} build was not made at {library}"
+    passed = int(run.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+    assert passed >= 80, run.stdout[-500:]

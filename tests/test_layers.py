@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from xenc_lab import kernels
 from xenc_lab.batch import pack
 from xenc_lab.tokenize import Encodings
-from xenc_lab.layers import PrepackedLinear, first_token_attention, packed_attention, prepack_linears, split_first
+from xenc_lab.layers import (
+    PrepackedLinear,
+    first_token_attention,
+    linear_plus,
+    packed_attention,
+    prepack_linears,
+    split_first,
+)
 
 from .test_batch import encodings
 
@@ -184,3 +191,22 @@ def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
     got = PrepackedLinear(linear)(x, activation="gelu").float()
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16: the fused GELU rounds once, the reference twice
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_linear_adds_a_residual_inside_the_gemm(dtype):
+    if not PrepackedLinear.supported(dtype, torch.device("cpu")):
+        pytest.skip(f"no oneDNN {dtype} GEMM on this CPU")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 64).to(dtype).requires_grad_(False)
+    x, residual = torch.randn(40, 96, dtype=dtype), torch.randn(40, 64, dtype=dtype) * 4
+    packed = PrepackedLinear(linear)
+    got = linear_plus(packed, x, residual)
+    if dtype == torch.float32:  # the same two float32 roundings as the GEMM, then the add
+        assert torch.equal(got, packed(x) + residual)
+    else:  # rounded once to bfloat16: no further from the exact sum than the GEMM-then-add's two roundings
+        exact = x.double() @ linear.weight.double().T + linear.bias.double() + residual.double()
+        assert (got.double() - exact).abs().max() <= (linear(x) + residual).double().sub(exact).abs().max()
+    assert torch.equal(linear_plus(linear, x, residual), linear(x) + residual)  # not prepacked: the plain sum
+    with pytest.raises(ValueError, match="residual"):
+        packed(x, activation="gelu", residual=residual)

@@ -182,32 +182,49 @@ class PrepackedLinear(nn.Module):
             self._rows[start, stop] = PrepackedLinear(part)
         return self._rows[start, stop]
 
-    def _gemm(self, x: torch.Tensor, activation: str) -> torch.Tensor:
+    def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is not None:
+            if activation != "none":
+                raise ValueError(f"a residual is added to the plain product only, not after {activation!r}")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), self.packed, self.bias, "add")
         algorithm = "none" if activation == "gelu" else ""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, activation, [], algorithm)
 
-    def forward_rows(self, x: torch.Tensor, start: int, stop: int, activation: str = "none") -> torch.Tensor:
-        """Output features start:stop of the layer on x."""
+    def forward_rows(
+        self, x: torch.Tensor, start: int, stop: int, activation: str = "none", residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Output features start:stop of the layer on x (plus ``residual``, if given)."""
         if torch.compiler.is_compiling():
-            return _prepacked_linear(x, self.key, start, stop, activation)
-        return self.rows(start, stop)._gemm(x, activation)
+            return _prepacked_linear(x, self.key, start, stop, activation, residual)
+        return self.rows(start, stop)._gemm(x, activation, residual)
 
-    def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
-        """``activation="gelu"`` applies exact (erf) GELU inside the GEMM: one pass over the output less."""
-        return self.forward_rows(x, 0, self.out_features, activation)
+    def forward(self, x: torch.Tensor, activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``activation="gelu"`` applies exact (erf) GELU inside the GEMM, and ``residual`` is added there (a
+        oneDNN post-op, while the output tile is in cache): each is one pass over the output less. In float32 the
+        sum equals the GEMM followed by ``+ residual`` to the bit; in bfloat16 it is rounded once, not twice."""
+        return self.forward_rows(x, 0, self.out_features, activation, residual)
 
 
 _PREPACKED: weakref.WeakValueDictionary[int, PrepackedLinear] = weakref.WeakValueDictionary()
 
 
 @torch.library.custom_op("xenc_lab::prepacked_linear", mutates_args=())
-def _prepacked_linear(x: torch.Tensor, key: int, start: int, stop: int, activation: str) -> torch.Tensor:
-    return _PREPACKED[key].rows(start, stop)._gemm(x, activation)
+def _prepacked_linear(
+    x: torch.Tensor, key: int, start: int, stop: int, activation: str, residual: torch.Tensor | None
+) -> torch.Tensor:
+    return _PREPACKED[key].rows(start, stop)._gemm(x, activation, residual)
 
 
 @_prepacked_linear.register_fake
-def _(x: torch.Tensor, key: int, start: int, stop: int, activation: str) -> torch.Tensor:
+def _(x: torch.Tensor, key: int, start: int, stop: int, activation: str, residual: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], stop - start))
+
+
+def linear_plus(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """linear(x) + residual, the add inside the GEMM where the layer is prepacked."""
+    if isinstance(linear, PrepackedLinear):
+        return linear(x, residual=residual)
+    return linear(x) + residual
 
 
 def prepack_linears(model: nn.Module) -> int:

@@ -10,8 +10,9 @@
 // while a worker runs an item it prefetches the rows of the one it runs next. It handles an item in register
 // blocks of kRows queries:
 //   1. the keys of the (sequence, head) are packed once per thread into a transposed, 16-key-block layout (fp32,
-//      or bf16 pairs for the AVX512_BF16 dot-product instruction), so that 16 scores of one query are dh FMAs of a
-//      broadcast query element with a row of that block;
+//      or bf16 pairs for the AVX512_BF16 dot-product instruction where the build chooses it), so that 16 scores of
+//      one query are dh FMAs of a broadcast query element with a row of that block; the values are copied to
+//      contiguous fp32 rows (read in place, 4.6 KB apart, they fell into a few L1 sets and were evicted);
 //   2. scores of the block's queries against every visible key go to a small buffer, with a running max;
 //   3. one pass turns them into exp(s - max) (vectorized exp2) and sums them;
 //   4. the probability-weighted sum of value rows accumulates in registers, is divided by the sum and stored.
@@ -123,10 +124,13 @@ XENC_INLINE void store_first(BFloat16* p, vf x, int64_t n) {
   _mm256_mask_storeu_epi16(p, first_lanes(n), h);
 }
 
-// 2^x for x <= 0 (-inf and anything below -150 give 0): x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f
-// polynomial (relative error ~2e-7), 2^n by vscalefps.
+// 2^x for x <= 0: x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f polynomial (relative error ~2e-7), 2^n by
+// vscalefps. Below -125 (-inf included) the result is 0: no lane computes a subnormal or underflowing value,
+// each of which costs a microcode assist of ~100 cycles on Intel cores (the masked key lanes past a sequence's
+// end, at -inf, did so once per row of scores). Such a term is < 2^-125 of the row's largest, which is 1.
 XENC_INLINE vf exp2_nonpositive(vf x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.f));
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-125.f));
   const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const vf f = x - n;
   vf p = splat(1.535336188319500e-4f);
@@ -136,7 +140,7 @@ XENC_INLINE vf exp2_nonpositive(vf x) {
   p = fma(p, f, splat(2.402264791363012e-1f));
   p = fma(p, f, splat(6.931472028550421e-1f));
   p = fma(p, f, splat(1.f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
 }
 
 // In-place transpose of a 16x16 matrix of 32-bit elements held in 16 registers.
@@ -261,11 +265,12 @@ XENC_INLINE void store_first(T* p, vf x, int64_t n) {
   for (int64_t l = 0; l < n; ++l) p[l] = static_cast<T>(t[l]);
 }
 
-// 2^x for x <= 0 (-inf and anything below -126 give 0): x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f
-// polynomial (relative error ~2e-7), 2^n built in the exponent bits.
+// 2^x for x <= 0 (below -125, -inf included, 0: no subnormals, as in the AVX-512 version): x = n + f with
+// |f| <= 1/2, 2^f by the Cephes exp2f polynomial (relative error ~2e-7), 2^n built in the exponent bits.
 XENC_INLINE nf exp2_part(nf x) {
   const nf round = broadcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
-  x = select(x > -127.f, x, broadcast(-127.f));
+  const ni normal = x >= -125.f;
+  x = select(normal, x, broadcast(-125.f));
   const nf shifted = x + round;
   const nf f = x - (shifted - round);
   nf p = broadcast(1.535336188319500e-4f);
@@ -276,7 +281,7 @@ XENC_INLINE nf exp2_part(nf x) {
   p = p * f + 6.931472028550421e-1f;
   p = p * f + 1.f;
   const ni e = (ni)shifted - (ni)round + 127;  // the biased exponent of 2^n
-  return select(e > 0, p * (nf)(e << 23), nf{});
+  return select(normal, p * (nf)(e << 23), nf{});
 }
 XENC_INLINE vf exp2_nonpositive(vf x) { XENC_PARTWISE(exp2_part(x.part[i])); }
 #undef XENC_PARTWISE
@@ -363,9 +368,13 @@ struct Scratch {
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel.
 
-// bf16 inputs use the bf16 pair dot product (vdpbf16ps) for scores where the CPU has it; fp32 everywhere else.
+// bf16 inputs use the bf16 pair dot product (vdpbf16ps) for scores where the CPU has it and the build asks for it
+// (XENC_PAIRED_BF16, set where one does the work of two fp32 FMAs); fp32 FMAs on widened keys everywhere else.
+#ifndef XENC_PAIRED_BF16
+#define XENC_PAIRED_BF16 0
+#endif
 template <typename T>
-constexpr bool kPairedKeys = std::is_same_v<T, BFloat16> && XENC_BF16_DOT;
+constexpr bool kPairedKeys = std::is_same_v<T, BFloat16> && XENC_BF16_DOT && XENC_PAIRED_BF16;
 
 // Transposes keys [0, nk) of one head into blocks of 16 keys: block k0/16 holds dh rows of 16 floats, element
 // [d][j] being column d of key k0 + j. Keys past nk are zero.
@@ -524,7 +533,7 @@ class Worker {
         key_width_(kPairedKeys<T> ? (p.head_dim + 1) / 2 : p.head_dim),
         s_stride_(round_up(std::max<int64_t>(max_keys, 1), 16)),
         keys_(s_stride_ * key_width_ * static_cast<int64_t>(sizeof(KeyT))),
-        values_(std::is_same_v<T, float> ? 0 : max_keys * dh16_ * static_cast<int64_t>(sizeof(float))),
+        values_(max_keys * dh16_ * static_cast<int64_t>(sizeof(float))),
         scores_(kRows * s_stride_ * static_cast<int64_t>(sizeof(float))),
         queries_(kRows * round_up(key_width_, 16) * static_cast<int64_t>(sizeof(KeyT))),
         scale_log2e_(static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634)) {}
@@ -534,13 +543,20 @@ class Worker {
     if (it.seq != packed_seq_ || it.head != packed_head_) {
       pack(it.seq, it.head);
     }
-    Lookahead ahead(*this, it, next, (it.q_end - it.q_begin + kRows - 1) / kRows);
-    for (int64_t i = it.q_begin; i < it.q_end; i += kRows) {
-      for (int64_t r = i + kRows; r < std::min<int64_t>(i + 2 * kRows, it.q_end); ++r) {
+    // The item's queries in blocks of kRows or kRows - 1 (91 queries: 11 x 6 + 5 x 5, not 15 x 6 + 1): a block
+    // of one or two rows runs at the latency of its few accumulator chains, not at the throughput of the FMAs.
+    const int64_t n = it.q_end - it.q_begin, blocks = (n + kRows - 1) / kRows;
+    const int64_t small = blocks * kRows - n < blocks ? blocks * kRows - n : 0;  // blocks of kRows - 1 rows
+    Lookahead ahead(*this, it, next, blocks);
+    for (int64_t b = 0, i = it.q_begin; i < it.q_end; ++b) {
+      const int64_t rows =
+          small > 0 ? (b < blocks - small ? kRows : kRows - 1) : std::min<int64_t>(kRows, it.q_end - i);
+      for (int64_t r = i + rows; r < std::min<int64_t>(i + rows + kRows, it.q_end); ++r) {
         prefetch_slice<Into::L1>(p_.q_at(it.seq, r, it.head));  // the next block's queries
       }
       ahead.step();
-      with_count<kRows>(std::min<int64_t>(kRows, it.q_end - i), [&](auto rows) { block<rows()>(it, i); });
+      with_count<kRows>(rows, [&](auto count) { block<count()>(it, i); });
+      i += rows;
     }
   }
 
@@ -609,7 +625,7 @@ class Worker {
     } else {
       pack_keys_f32(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<float>());
     }
-    if constexpr (!std::is_same_v<T, float>) {
+    {
       float* dst = values_.as<float>();
       for (int64_t j = 0; j < nk; ++j) {
         const T* src = p_.v_at(seq, j, head);
@@ -699,13 +715,8 @@ class Worker {
     // Weighted sums of the value rows, kColVecs * 16 columns at a time.
     const float* v;
     int64_t v_stride;
-    if constexpr (std::is_same_v<T, float>) {
-      v = p_.v_at(it.seq, k_begin, it.head);
-      v_stride = p_.v_stride;
-    } else {
-      v = values_.as<float>() + k_begin * dh16_;
-      v_stride = dh16_;
-    }
+    v = values_.as<float>() + k_begin * dh16_;
+    v_stride = dh16_;
     const float* p = s + (k_begin - k_base);
     T* out = p_.out_at(it.seq, i0, it.head);
     for (int64_t c0 = 0; c0 < dh_; c0 += 16 * kColVecs) {

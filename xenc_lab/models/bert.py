@@ -11,7 +11,7 @@ from torch import nn
 from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
-from ..layers import PrepackedLinear, first_token_attention, fuse_linears, packed_attention, split_first
+from ..layers import PrepackedLinear, first_token_attention, fuse_linears, linear_plus, packed_attention, split_first
 
 
 class Embeddings(nn.Module):
@@ -63,7 +63,7 @@ class DenseNorm(nn.Module):
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        return self.LayerNorm(linear_plus(self.dense, x, residual))
 
 
 class Attention(nn.Module):

@@ -8,7 +8,7 @@ from torch import nn
 from transformers.activations import get_activation
 
 from ..batch import PackedBatch
-from ..layers import first_token_attention, fuse_linears, packed_attention, split_first
+from ..layers import first_token_attention, fuse_linears, linear_plus, packed_attention, split_first
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
 
@@ -35,10 +35,15 @@ class MultiHeadSelfAttention(nn.Module):
         self.qkv = fuse_linears(self.q_lin, self.k_lin, self.v_lin)
         del self.q_lin, self.k_lin, self.v_lin
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, batch: PackedBatch, residual: torch.Tensor, first_only: bool = False
+    ) -> torch.Tensor:
+        """residual + attention (at first tokens only with ``first_only``, where ``residual`` holds their rows)."""
         if first_only:
-            return self.out_lin(first_token_attention(*split_first(self.qkv, x, batch), batch, self.n_heads))
-        return self.out_lin(packed_attention(self.qkv(x), batch, self.n_heads))
+            attended = first_token_attention(*split_first(self.qkv, x, batch), batch, self.n_heads)
+        else:
+            attended = packed_attention(self.qkv(x), batch, self.n_heads)
+        return linear_plus(self.out_lin, attended, residual)
 
 
 class FFN(nn.Module):
@@ -49,7 +54,8 @@ class FFN(nn.Module):
         self.activation = get_activation(config.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin2(self.activation(self.lin1(x)))
+        """x + the FFN of x."""
+        return linear_plus(self.lin2, self.activation(self.lin1(x)), x)
 
 
 class TransformerBlock(nn.Module):
@@ -62,9 +68,8 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d), or (B, d) at each pair's first token with ``first_only``."""
-        attended = self.attention(x, batch, first_only)
-        x = self.sa_layer_norm(attended + (x[batch.first_index] if first_only else x))
-        return self.output_layer_norm(self.ffn(x) + x)
+        x = self.sa_layer_norm(self.attention(x, batch, x[batch.first_index] if first_only else x, first_only))
+        return self.output_layer_norm(self.ffn(x))
 
 
 class Transformer(nn.Module):

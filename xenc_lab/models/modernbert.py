@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..batch import PackedBatch
-from ..layers import first_token_attention, packed_attention, split_first, to_padded
+from ..layers import first_token_attention, linear_plus, packed_attention, split_first, to_padded
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -62,8 +62,11 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, first_only: bool = False) -> torch.Tensor:
-        """(T, d) -> (T, d), or (B, d) for each pair's first token alone with ``first_only``."""
+    def forward(
+        self, x: torch.Tensor, batch: PackedBatch, rope: dict, residual: torch.Tensor, first_only: bool = False
+    ) -> torch.Tensor:
+        """residual + attention: (T, d) -> (T, d), or (B, d) for each pair's first token alone with ``first_only``
+        (``residual`` then holds the first tokens' rows)."""
         cos, sin = rope[self.kind]
         T, H, scale = x.shape[0], self.num_heads, self.head_dim**-0.5
         if first_only:
@@ -77,7 +80,7 @@ class Attention(nn.Module):
             q, k, v = self.Wqkv(x).view(T, 3, H, -1).unbind(1)  # (T, H, dh) each
             qkv = torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), dim=1).view(T, -1)
             out = packed_attention(qkv, batch, H, scale=scale, window=self.window)
-        return self.Wo(out)
+        return linear_plus(self.Wo, out, residual)
 
 
 class MLP(nn.Module):
@@ -89,9 +92,10 @@ class MLP(nn.Module):
         self.act = ACT2FN[config.hidden_activation]
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the MLP of x."""
         inp, gate = self.Wi(x).chunk(2, dim=-1)
-        return self.Wo(self.act(inp) * gate)
+        return linear_plus(self.Wo, self.act(inp) * gate, residual)
 
 
 class Layer(nn.Module):
@@ -103,9 +107,8 @@ class Layer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, first_only: bool = False) -> torch.Tensor:
-        attended = self.attn(self.attn_norm(x), batch, rope, first_only)
-        x = (x[batch.first_index] if first_only else x) + attended
-        return x + self.mlp(self.mlp_norm(x))
+        x = self.attn(self.attn_norm(x), batch, rope, x[batch.first_index] if first_only else x, first_only)
+        return self.mlp(self.mlp_norm(x), x)
 
 
 class ModernBertModel(nn.Module):
