@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from xenc_lab import kernels
 from xenc_lab.batch import pack
+from xenc_lab.cpuinfo import CpuInfo
 from xenc_lab.tokenize import Encodings
 from xenc_lab.layers import (
     PrepackedLinear,
@@ -210,3 +211,47 @@ def test_prepacked_linear_adds_a_residual_inside_the_gemm(dtype):
     assert torch.equal(linear_plus(linear, x, residual), linear(x) + residual)  # not prepacked: the plain sum
     with pytest.raises(ValueError, match="residual"):
         packed(x, activation="gelu", residual=residual)
+
+
+def test_bf16_products_in_fp32_is_read_from_the_cpu_or_the_environment(monkeypatch):
+    from xenc_lab.layers import bf16_products_in_fp32
+
+    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "native")
+    assert bf16_products_in_fp32() is False
+    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "FP32")
+    assert bf16_products_in_fp32() is True
+    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "fast")
+    with pytest.raises(ValueError, match="'native' or 'fp32'"):
+        bf16_products_in_fp32()
+    monkeypatch.delenv("XENC_LAB_BF16_GEMM")
+    monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda: CpuInfo("GenuineIntel", "Xeon", frozenset({"avx512_bf16"})))
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    assert bf16_products_in_fp32() is True
+    for vendor, flags in (("GenuineIntel", {"avx512_bf16", "amx_bf16"}), ("AuthenticAMD", {"avx512_bf16"})):
+        monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda v=vendor, f=flags: CpuInfo(v, "cpu", frozenset(f)))
+        assert bf16_products_in_fp32() is False
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_products_as_fp32_gemms_give_the_bf16_gemms_numbers(bias):
+    """Exact bf16 products, fp32 sums, one rounding: outputs equal to the native bf16 GEMM's but for the order
+    of the fp32 sums, which moves a rare element by one bf16 step; weights stay bf16, outputs are bf16."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(384, 256, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    x, residual = torch.randn(300, 384, dtype=torch.bfloat16), torch.randn(300, 256, dtype=torch.bfloat16)
+    native, wide = PrepackedLinear(linear, products_in_fp32=False), PrepackedLinear(linear, products_in_fp32=True)
+    assert wide.products_in_fp32 and wide.weight.dtype == torch.bfloat16
+    for call in (lambda m: m(x), lambda m: m(x, activation="gelu"), lambda m: m(x, residual=residual),
+                 lambda m: m.rows(128, 256)(x)):
+        a, b = call(native), call(wide)
+        assert b.dtype == torch.bfloat16 and a.shape == b.shape
+        assert (a == b).double().mean() > 0.999
+        step = a.double().abs().clamp_min(1e-30) * 2**-7  # one bf16 step (8-bit significand)
+        assert ((a.double() - b.double()).abs() <= step).all()
+    assert wide.rows(128, 256).products_in_fp32
+
+
+def test_fp32_layers_ignore_products_in_fp32():
+    linear = torch.nn.Linear(8, 4).requires_grad_(False)
+    assert PrepackedLinear(linear, products_in_fp32=True).products_in_fp32 is False

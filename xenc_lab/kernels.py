@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .cpuinfo import cpu_info
+
 logger = logging.getLogger("xenc_lab")
 
 _SOURCES = [Path(__file__).parent / "csrc" / "packed_attention.cpp"]
@@ -48,16 +50,6 @@ def _cpu_tag() -> str:
     return f"{platform.machine()}-{digest[:12]}"
 
 
-def _cpu_vendor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def _compiler_flags() -> tuple[list[str], list[str]]:
     """(cflags, ldflags). -ffp-contract=fast lets the generic-vector kernel (no AVX-512) use FMA instructions.
     at::parallel_for is inline: with torch's OpenMP backend the extension must be compiled with OpenMP too, or
@@ -68,7 +60,7 @@ def _compiler_flags() -> tuple[list[str], list[str]]:
     pair dot product on AMD cores, where one does the work of two fp32 FMAs, and by fp32 FMAs on keys widened to
     fp32 elsewhere: Intel cores issue one pair dot product per cycle against two FMAs, and the widened path measured
     20-27% faster there (it is also the more exact one)."""
-    paired = _cpu_vendor() == "AuthenticAMD"
+    paired = cpu_info().vendor == "AuthenticAMD"
     cflags, ldflags = ["-O3", "-march=native", "-ffp-contract=fast", f"-DXENC_PAIRED_BF16={int(paired)}"], []
     # Flags of one's own, appended (later ones win): the tests build the code paths of other CPUs this way.
     cflags += os.environ.get("XENC_LAB_KERNEL_CFLAGS", "").split()
