@@ -229,6 +229,9 @@ class PrepackedLinear(nn.Module):
     ) -> torch.Tensor:
         """Output features start:stop of the layer on x (plus ``residual``, if given)."""
         if torch.compiler.is_compiling():
+            if self.products_in_fp32:  # widen and round outside the opaque op: inductor fuses them with neighbours
+                residual = None if residual is None else residual.float()
+                return _prepacked_linear(x.float(), self.key, start, stop, activation, residual).to(x.dtype)
             return _prepacked_linear(x, self.key, start, stop, activation, residual)
         return self.rows(start, stop)._gemm(x, activation, residual)
 
