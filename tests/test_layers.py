@@ -181,12 +181,17 @@ def test_prepack_linears_leaves_float16_to_torch():
     assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
+def onednn_linear(dtype: torch.dtype, in_features: int, out_features: int) -> torch.nn.Linear:
+    """A seeded Linear in ``dtype``; skips the test where oneDNN has no GEMM of that dtype here."""
     if not PrepackedLinear.supported(dtype, torch.device("cpu")):
         pytest.skip(f"no oneDNN {dtype} GEMM on this CPU")
     torch.manual_seed(0)
-    linear = torch.nn.Linear(32, 64).to(dtype).requires_grad_(False)
+    return torch.nn.Linear(in_features, out_features).to(dtype).requires_grad_(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
+    linear = onednn_linear(dtype, 32, 64)
     x = torch.randn(20, 32, dtype=dtype) * 3
     want = torch.nn.functional.gelu(linear(x).float())
     got = PrepackedLinear(linear)(x, activation="gelu").float()
@@ -196,10 +201,7 @@ def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prepacked_linear_adds_a_residual_inside_the_gemm(dtype):
-    if not PrepackedLinear.supported(dtype, torch.device("cpu")):
-        pytest.skip(f"no oneDNN {dtype} GEMM on this CPU")
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(96, 64).to(dtype).requires_grad_(False)
+    linear = onednn_linear(dtype, 96, 64)
     x, residual = torch.randn(40, 96, dtype=dtype), torch.randn(40, 64, dtype=dtype) * 4
     packed = PrepackedLinear(linear)
     got = linear_plus(packed, x, residual)

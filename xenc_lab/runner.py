@@ -35,7 +35,9 @@ class ModelRunner:
         mode = "reduce-overhead" if self.static_shapes else None
         # Inductor keeps the roundings to bf16/fp16 that eager code does (emulate_precision_casts): by default it
         # drops a round trip through a 16-bit type inside a fused kernel, and compile=True would change the numbers.
-        options = {"emulate_precision_casts": True}
+        from torch._inductor import config as inductor_config
+
+        options = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else None
         self._forward = torch.compile(model, dynamic=not self.static_shapes, mode=mode, options=options) if compile else model
         self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
         self.graphs = 0  # graphs compiled for this model
