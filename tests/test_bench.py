@@ -41,6 +41,13 @@ def test_report_says_when_bf16_products_run_as_fp32_gemms_here(tmp_path):
     assert "native bf16 GEMMs ran at 130 GFLOP/s" in text and "as fp32 GEMMs on the bf16 values" in text
 
 
+def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
+    row = bench.BenchRow("long", "bfloat16", "xenc_lab", 8, 500.0, 5.0, 2.0, 100.0, 0.5, 5e-2, 1.6,
+                         attention_path="kernel", kernel_attention_gflops=190.4, sdpa_attention_gflops=45.2)
+    text = bench.write_report([row], tmp_path, "xenc-lab bench").read_text()
+    assert "long bfloat16: kernel 190, SDPA 45 (ran: kernel)" in text
+
+
 def test_gemm_rate_measures_either_bf16_path():
     if not bench.PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
@@ -64,6 +71,7 @@ def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_
     assert "sentence-transformers" in out and "xenc_lab compiled" in out
     table = (tmp_path / "throughput.md").read_text()
     assert table.count("| short | float32 |") == 3 and "graph(s) compiled" in table
+    assert "short float32: attention alone, GFLOP/s: " in out and "Attention alone at the model's head shapes" in table
 
 
 def test_bench_runs_a_workload_of_ones_own_from_a_file(tiny_dir, tmp_path, capsys):

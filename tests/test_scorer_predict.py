@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from xenc_lab import Scorer
+from xenc_lab import Scorer, kernels
+from xenc_lab.kernels import packed_attention_cpu
 
 ATOL = 1e-5
 
@@ -96,11 +97,15 @@ def test_predict_in_bfloat16_returns_float32_scores_close_to_float32(tiny_dir, s
     assert not np.array_equal(got, scorer.predict(pairs)), "bfloat16 must actually run in bfloat16"
 
 
-@pytest.mark.parametrize("gemm, compile", [("native", False), ("fp32", False), ("fp32", True)])
-def test_bfloat16_error_is_no_larger_than_sentence_transformers_own(gemm, compile, monkeypatch):
+@pytest.mark.parametrize(
+    "gemm, attention, compile",
+    [("native", "kernel", False), ("fp32", "kernel", False), ("fp32", "kernel", True), ("native", "sdpa", False), ("native", "sdpa", True)],
+)
+def test_bfloat16_error_is_no_larger_than_sentence_transformers_own(gemm, attention, compile, monkeypatch):
     """The speed goal's accuracy bound, on the real MiniLM-L6 weights: our bf16 logits are no further from
     sentence-transformers' fp32 logits than its own bf16 logits are (times 1.5), with the bf16 GEMMs native and
-    run as fp32 GEMMs on the bf16 values, and compiled (where inductor fuses the widening and rounding)."""
+    run as fp32 GEMMs on the bf16 values, compiled (where inductor fuses the widening and rounding), and with
+    attention in SDPA (what CPUs with AMX may choose, ``tuning``)."""
     from sentence_transformers import CrossEncoder
 
     from xenc_lab.layers import PrepackedLinear
@@ -110,12 +115,16 @@ def test_bfloat16_error_is_no_larger_than_sentence_transformers_own(gemm, compil
     if not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
     monkeypatch.setenv("XENC_LAB_BF16_GEMM", gemm)
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", attention)
+    kernel_calls = []
+    monkeypatch.setattr("xenc_lab.layers.packed_attention_cpu", lambda *a: kernel_calls.append(1) or packed_attention_cpu(*a))
     path, pairs, raw = str(minilm_cross_encoder()), make_pairs("mixed", 48, seed=5), torch.nn.Identity()
     exact = CrossEncoder(path, device="cpu").predict(pairs, activation_fn=raw)
     theirs = CrossEncoder(path, device="cpu", model_kwargs={"dtype": torch.bfloat16}).predict(pairs, activation_fn=raw)
     scorer = Scorer(path, device="cpu", dtype="bfloat16", compile=compile)
     assert all(m.products_in_fp32 == (gemm == "fp32") for m in scorer.model.modules() if isinstance(m, PrepackedLinear))
     ours = scorer.predict(pairs, activation_fn=raw)
+    assert bool(kernel_calls) == (attention == "kernel" and kernels.load())
     our_error, their_error = np.abs(ours - exact), np.abs(theirs - exact)
     assert their_error.max() > 1e-3, "sentence-transformers' bf16 run must differ from its fp32 run"
     assert our_error.max() <= 1.5 * their_error.max() and our_error.mean() <= 1.5 * their_error.mean()

@@ -17,6 +17,7 @@ import torch
 
 from .cpuinfo import cpu_info
 from .layers import PrepackedLinear, bf16_products_in_fp32
+from .tuning import attention_rates, cpu_attention_in_kernel
 from .workloads import make_pairs
 
 
@@ -38,6 +39,9 @@ class BenchRow:
     batch_shapes: int = 0  # distinct (tokens, sequences, attention length) batch shapes they ran
     compile_seconds: float = 0.0  # time of the calls that compiled a graph
     native_bf16_gflops: float = 0.0  # where xenc_lab runs bf16 products as fp32 GEMMs: oneDNN's native bf16 rate
+    attention_path: str = ""  # xenc_lab rows: where its CPU attention ran ("kernel" or "sdpa")
+    kernel_attention_gflops: float = 0.0  # attention alone at the model's head shapes and the workload's mean length:
+    sdpa_attention_gflops: float = 0.0  # xenc_lab's kernel and torch's SDPA (pairs laid out with a key mask)
 
 
 def encoder_dims(config) -> tuple[int, int, int]:
@@ -46,6 +50,13 @@ def encoder_dims(config) -> tuple[int, int, int]:
     hidden = getattr(config, "hidden_size", None) or getattr(config, "dim")
     inter = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim")
     return layers, hidden, inter
+
+
+def attention_heads(config) -> tuple[int, int]:
+    """(heads, head dim) of an encoder config."""
+    _, d, _ = encoder_dims(config)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
+    return heads, getattr(config, "attention_head_size", None) or d // heads
 
 
 def model_gflop(config, lengths: np.ndarray) -> float:
@@ -168,6 +179,11 @@ def run(
         for workload, pairs in workloads:
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
+            heads, head_dim = attention_heads(config)
+            attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
+            path = "kernel" if "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim) else "sdpa"
+            log(f"{workload} {dtype}: attention alone, GFLOP/s: "
+                + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {path}")
             first = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
             warm = pairs[: min(64, len(pairs))]
             engines = {"sentence-transformers": lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)}
@@ -201,6 +217,10 @@ def run(
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
                     oracle_drift=drift, native_bf16_gflops=native,
                 )
+                if name in ours:
+                    row.attention_path = path
+                    row.kernel_attention_gflops = attention.get("kernel", 0.0)
+                    row.sdpa_attention_gflops = attention["sdpa"]
                 if name in ours and ours[name].config.compile:
                     runner = ours[name].runner
                     row.compiled_graphs, row.batch_shapes, row.compile_seconds = runner.graphs, len(runner.shapes), runner.compile_seconds
@@ -272,6 +292,14 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
                   "exact in fp32, the sums are fp32 and the output is rounded to bf16 once, as in a bf16 GEMM; the "
                   "weights and activations stay bf16. The bf16 ceiling above is that path's rate. "
                   "sentence-transformers' bf16 runs native."]
+    attention = {(r.workload, r.dtype): r for r in rows if r.attention_path}
+    if attention:
+        lines += ["", "Attention alone at the model's head shapes, on 4096-token batches of pairs of the workload's mean "
+                  "length, GFLOP/s: " + "; ".join(
+                      f"{w} {dt}: kernel {r.kernel_attention_gflops:.0f}, SDPA {r.sdpa_attention_gflops:.0f} "
+                      f"(ran: {r.attention_path})" for (w, dt), r in attention.items()) + ". "
+                  "xenc_lab's kernel reads the packed stream in place; SDPA's time includes laying the pairs out and back. "
+                  "Half-precision attention runs in SDPA where the CPU has AMX for the dtype (``XENC_LAB_CPU_ATTENTION`` overrides)."]
     drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
     if drifted:
         lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "

@@ -1,6 +1,8 @@
-"""The one configuration object of a Scorer: what to load and how to batch it."""
+"""The one configuration object of a Scorer: what to load and how to batch it; and the environment variables
+that override choices xenc_lab makes from the machine (``XENC_LAB_BF16_GEMM``, ``XENC_LAB_CPU_ATTENTION``)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -43,3 +45,11 @@ class ScorerConfig:
     @property
     def pages_per_batch(self) -> int:
         return self.max_batch_tokens // self.page_size
+
+
+def env_choice(variable: str, choices: tuple[str, ...]) -> str | None:
+    """The choice an environment variable forces (one of ``choices``, any case), or None where it is unset."""
+    forced = os.environ.get(variable, "").strip().lower()
+    if forced and forced not in choices:
+        raise ValueError(f"{variable} must be one of {', '.join(choices)}, got {forced!r}")
+    return forced or None

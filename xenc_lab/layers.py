@@ -7,7 +7,6 @@ layer needs no other query, and skipping them is exact.
 from __future__ import annotations
 
 import itertools
-import os
 import platform
 import weakref
 
@@ -16,8 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import PackedBatch
+from .config import env_choice
 from .cpuinfo import cpu_info
 from .kernels import packed_attention_cpu
+from .tuning import cpu_attention_in_kernel
 
 
 def to_padded(x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -75,17 +76,22 @@ def packed_attention(
     num_heads: int,
     scale: float | None = None,
     window: int | None = None,
+    cpu_path: str | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention within each pair: (T, 3 * d) -> (T, d). Never crosses a pair boundary.
 
     ``window``: keys farther than window // 2 from the query are masked (sliding-window layers).
-    On the CPU, attention runs on the packed stream itself in xenc_lab's kernel (``kernels``); on CUDA in
-    half precision, in the flash varlen kernel. Elsewhere, or where the kernel could not be built, the
-    stream is laid out per pair and fused SDPA runs with a key mask.
+    On the CPU, attention runs on the packed stream itself in xenc_lab's kernel (``kernels``), unless
+    ``tuning`` finds SDPA faster (CPUs with AMX); on CUDA in half precision, in the flash varlen kernel.
+    Elsewhere, or where the kernel could not be built, the stream is laid out per pair and fused SDPA runs
+    with a key mask. ``cpu_path`` ("kernel" or "sdpa") overrides the CPU's choice (benchmarks compare them).
     """
     T, d = qkv.shape[0], qkv.shape[-1] // 3
     dh = d // num_heads
-    if qkv.device.type == "cpu":
+    if cpu_path not in (None, "kernel", "sdpa"):
+        raise ValueError(f"cpu_path must be None, 'kernel' or 'sdpa', got {cpu_path!r}")
+    in_kernel = cpu_attention_in_kernel(qkv.dtype, num_heads, dh) if cpu_path is None else cpu_path == "kernel"
+    if qkv.device.type == "cpu" and in_kernel:
         q, k, v = qkv.split(d, dim=-1)  # strided views: the kernel reads them in place
         out = packed_attention_cpu(q, k, v, batch.cu_seqlens, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
@@ -113,7 +119,7 @@ def first_token_attention(
     """Attention of each pair's first token over the pair: q (B, d), kv (T, 2 * d) -> (B, d)."""
     B, d = q.shape
     T, dh = kv.shape[0], d // num_heads
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and cpu_attention_in_kernel(q.dtype, num_heads, dh):
         k, v = kv.split(d, dim=-1)
         out = packed_attention_cpu(q, k, v, batch.cu_first, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
@@ -152,11 +158,9 @@ def bf16_products_in_fp32() -> bool:
     GFLOP/s against 250-300 for fp32 on a 2-core Xeon, widening included. With AMX, and on AMD cores (whose
     bf16 dot product does the work of two FMAs), bf16 GEMMs stay native. ``XENC_LAB_BF16_GEMM=native`` or
     ``=fp32`` overrides the choice."""
-    forced = os.environ.get("XENC_LAB_BF16_GEMM", "").strip().lower()
-    if forced in ("native", "fp32"):
-        return forced == "fp32"
+    forced = env_choice("XENC_LAB_BF16_GEMM", ("native", "fp32"))
     if forced:
-        raise ValueError(f"XENC_LAB_BF16_GEMM must be 'native' or 'fp32', got {forced!r}")
+        return forced == "fp32"
     cpu = cpu_info()
     return platform.machine() in ("x86_64", "AMD64") and cpu.vendor == "GenuineIntel" and "amx_bf16" not in cpu.flags
 

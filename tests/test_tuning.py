@@ -1,0 +1,87 @@
+"""Where CPU attention runs: the kernel unless the CPU has AMX for the dtype; there, the path measured faster,
+measured once per kind of CPU and head shape and recorded; the environment forces either."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from xenc_lab import kernels, tuning
+from xenc_lab.cpuinfo import CpuInfo
+
+
+@pytest.fixture
+def cpu(monkeypatch, tmp_path):
+    """A CPU with the given flags, a fresh cache directory, and no answers in this process yet."""
+    monkeypatch.setenv("XENC_LAB_CACHE", str(tmp_path))
+    monkeypatch.delenv("XENC_LAB_CPU_ATTENTION", raising=False)
+    monkeypatch.setattr(tuning, "_choices", {})
+
+    def with_flags(*flags: str) -> None:
+        monkeypatch.setattr(tuning, "cpu_info", lambda: CpuInfo("GenuineIntel", "test CPU", frozenset(flags)))
+
+    return with_flags
+
+
+def fake_rates(monkeypatch, kernel: float, sdpa: float) -> list:
+    calls = []
+
+    def rates(num_heads, head_dim, dtype, pair_tokens, **kwargs):
+        calls.append((num_heads, head_dim, dtype, pair_tokens))
+        return {"kernel": kernel, "sdpa": sdpa}
+
+    monkeypatch.setattr(tuning, "attention_rates", rates)
+    return calls
+
+
+def test_float32_and_cpus_without_amx_run_the_kernel_without_measuring(cpu, monkeypatch):
+    calls = fake_rates(monkeypatch, kernel=1.0, sdpa=100.0)
+    cpu("avx512f", "avx512_bf16")
+    assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32)
+    assert tuning.cpu_attention_in_kernel(torch.float16, 12, 32)
+    cpu("amx_bf16", "amx_tile")
+    assert tuning.cpu_attention_in_kernel(torch.float32, 12, 32)
+    assert tuning.cpu_attention_in_kernel(torch.float16, 12, 32), "amx_bf16 does not speed up float16"
+    assert calls == []
+
+
+@pytest.mark.skipif(not kernels.load(), reason="the CPU attention kernel could not be built here")
+@pytest.mark.parametrize("faster", ["kernel", "sdpa"])
+def test_with_amx_the_faster_path_is_measured_once_and_recorded(cpu, monkeypatch, tmp_path, faster):
+    calls = fake_rates(monkeypatch, kernel=200.0 if faster == "kernel" else 50.0, sdpa=100.0)
+    cpu("amx_bf16", "amx_tile")
+    assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32) == (faster == "kernel")
+    assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32) == (faster == "kernel")
+    assert [c[3] for c in calls] == list(tuning.TUNING_LENGTHS), "measured once, at each tuning length"
+    record = json.loads(next(tmp_path.glob("kernels/*/*/attention-paths.json")).read_text())
+    assert record == {"bfloat16-12x32": faster}
+    # A new process reads the record instead of measuring again; another head shape is measured on its own.
+    monkeypatch.setattr(tuning, "_choices", {})
+    assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32) == (faster == "kernel")
+    assert len(calls) == len(tuning.TUNING_LENGTHS)
+    tuning.cpu_attention_in_kernel(torch.bfloat16, 16, 64)
+    assert len(calls) == 2 * len(tuning.TUNING_LENGTHS)
+    assert set(json.loads(next(tmp_path.glob("kernels/*/*/attention-paths.json")).read_text())) == {"bfloat16-12x32", "bfloat16-16x64"}
+
+
+@pytest.mark.skipif(not kernels.load(), reason="the CPU attention kernel could not be built here")
+def test_the_measurement_times_both_paths_on_this_cpu(cpu):
+    """Unfaked: both paths run at the model's head shapes and the choice is the one the rates say."""
+    rates = tuning.attention_rates(2, 8, torch.bfloat16, 40, tokens=400, repeats=2)
+    assert set(rates) == {"kernel", "sdpa"} and all(r > 0 for r in rates.values())
+    cpu("amx_bf16")
+    assert isinstance(tuning.cpu_attention_in_kernel(torch.bfloat16, 2, 8), bool)
+
+
+def test_the_environment_forces_a_path(cpu, monkeypatch):
+    calls = fake_rates(monkeypatch, kernel=1.0, sdpa=100.0)
+    cpu("amx_bf16")
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "Kernel")
+    assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32)
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "sdpa")
+    assert not tuning.cpu_attention_in_kernel(torch.float32, 12, 32)
+    assert calls == []
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "fast")
+    with pytest.raises(ValueError, match="XENC_LAB_CPU_ATTENTION must be one of kernel, sdpa, got 'fast'"):
+        tuning.cpu_attention_in_kernel(torch.float32, 12, 32)

@@ -1,0 +1,108 @@
+"""Where CPU attention runs: xenc_lab's kernel, or torch's SDPA, chosen by measurement where it is in doubt.
+
+The kernel (``kernels``) computes with AVX-512 (or portable-vector) fp32 FMAs whatever the dtype, on the packed
+stream in place. torch's SDPA needs the pairs laid out as padded sequences (a gather there and back), but on a
+CPU with AMX for the dtype (flag ``amx_bf16`` for bfloat16, ``amx_fp16`` for float16) it computes Q K^T and P V
+with AMX tiles (oneDNN brgemm), whose peak is 16 times the FMAs' per core. Which is faster there depends on the
+head shapes, so it is measured, once per kind of CPU, torch version, dtype and head shape, and the answer is kept
+on disk beside the kernel build: a machine takes the same path in every run. Float32, and CPUs without AMX, run
+the kernel (it measured 2-4x faster than SDPA there, MiniLM's heads, 91-508 tokens per pair).
+``XENC_LAB_CPU_ATTENTION=kernel`` or ``=sdpa`` forces one path everywhere.
+
+The kernel's result for a pair is bitwise independent of its batchmates. SDPA's, in half precision, is not quite:
+it can move by a rounding step of the dtype with the batch's padded length (as sentence-transformers' does). Where
+that matters more than speed, force the kernel.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from . import kernels
+from .batch import pack
+from .config import env_choice
+from .cpuinfo import cpu_info
+from .tokenize import Encodings
+
+logger = logging.getLogger("xenc_lab")
+
+AMX_FLAG = {torch.bfloat16: "amx_bf16", torch.float16: "amx_fp16"}
+TUNING_LENGTHS = (128, 384)  # tokens per pair at which the two paths are timed (together)
+
+_lock = threading.Lock()
+_choices: dict[str, bool] = {}  # this process's answers, by key
+
+
+@torch.compiler.assume_constant_result  # a constant to torch.compile, which calls it once while tracing
+def cpu_attention_in_kernel(dtype: torch.dtype, num_heads: int, head_dim: int) -> bool:
+    """Whether CPU attention at ``dtype`` and this head shape runs in xenc_lab's kernel (else in SDPA; SDPA also
+    runs where the kernel could not be built, whatever this says)."""
+    forced = env_choice("XENC_LAB_CPU_ATTENTION", ("kernel", "sdpa"))
+    if forced:
+        return forced == "kernel"
+    if dtype not in AMX_FLAG or AMX_FLAG[dtype] not in cpu_info().flags or not kernels.load():
+        return True
+    key = f"{str(dtype).removeprefix('torch.')}-{num_heads}x{head_dim}"
+    if key not in _choices:
+        with _lock:
+            if key not in _choices:
+                _choices[key] = _measured_choice(key, dtype, num_heads, head_dim)
+    return _choices[key]
+
+
+def _measured_choice(key: str, dtype: torch.dtype, num_heads: int, head_dim: int) -> bool:
+    """The kernel's seconds against SDPA's at TUNING_LENGTHS, from the disk record or measured now and recorded."""
+    record = kernels._build_directory() / "attention-paths.json"
+    try:
+        known = json.loads(record.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key] == "kernel"
+    seconds = {"kernel": 0.0, "sdpa": 0.0}
+    for n in TUNING_LENGTHS:  # the same math on both paths: its GFLOP over each path's rate
+        for path, rate in attention_rates(num_heads, head_dim, dtype, n).items():
+            seconds[path] += 4 * num_heads * head_dim * n * n * (4096 // n) / 1e9 / rate
+    path = min(seconds, key=seconds.get)
+    logger.info("CPU attention at %s: kernel %.4f s, SDPA %.4f s; using %s", key, seconds["kernel"], seconds["sdpa"], path)
+    try:  # another process may write its own answer meanwhile: the last rename wins, and both are measurements
+        known[key] = path
+        record.parent.mkdir(parents=True, exist_ok=True)
+        scratch = record.with_name(f"{record.name}.{os.getpid()}.{threading.get_ident()}")
+        scratch.write_text(json.dumps(known, indent=1, sort_keys=True))
+        os.replace(scratch, record)
+    except OSError as e:
+        logger.warning("could not record the CPU attention choice in %s (%s)", record, e)
+    return path == "kernel"
+
+
+def attention_rates(
+    num_heads: int, head_dim: int, dtype: torch.dtype, pair_tokens: int, tokens: int = 4096, repeats: int = 5
+) -> dict[str, float]:
+    """GFLOP/s (4 x d x n^2 per pair of n tokens) of attention alone on 4096-token batches of packed pairs of
+    ``pair_tokens`` tokens, by CPU path: {"kernel": ..., "sdpa": ...}, the kernel's only where it was built.
+    SDPA's time includes laying the pairs out and back."""
+    from .layers import packed_attention
+
+    d, n = num_heads * head_dim, max(1, int(pair_tokens))
+    count = max(1, tokens // n)
+    enc = Encodings(np.ones(count * n, dtype=np.int64), None, np.arange(count + 1, dtype=np.int64) * n)
+    batch = pack(enc, np.arange(count), page_size=16)
+    qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(0)).to(dtype)
+    rates = {}
+    with torch.inference_mode():
+        for path in ["kernel", "sdpa"] if kernels.load() else ["sdpa"]:
+            packed_attention(qkv, batch, num_heads, cpu_path=path)  # warm up
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                packed_attention(qkv, batch, num_heads, cpu_path=path)
+                best = min(best, time.perf_counter() - start)
+            rates[path] = 4 * d * n * n * count / best / 1e9
+    return rates
