@@ -65,12 +65,13 @@ def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path
 
 
 def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_path, capsys):
-    assert main(["bench", "--model", str(tiny_dir), "--workloads", "short", "--dtypes", "float32",
+    dtypes = ["float32", "bfloat16"] if bench.cpu_has_fast_bf16() else ["float32"]
+    assert main(["bench", "--model", str(tiny_dir), "--workloads", "short", "--dtypes", *dtypes,
                  "--pairs", "8", "--repeats", "2", "--compile", "--report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "sentence-transformers" in out and "xenc_lab compiled" in out
     table = (tmp_path / "throughput.md").read_text()
-    assert table.count("| short | float32 |") == 3 and "graph(s) compiled" in table
+    assert all(table.count(f"| short | {dtype} |") == 3 for dtype in dtypes) and "graph(s) compiled" in table
     assert "short float32: attention alone, GFLOP/s: " in out and "Attention alone at the model's head shapes" in table
 
 

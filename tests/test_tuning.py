@@ -55,14 +55,16 @@ def test_with_amx_the_faster_path_is_measured_once_and_recorded(cpu, monkeypatch
     assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32) == (faster == "kernel")
     assert [c[3] for c in calls] == list(tuning.TUNING_LENGTHS), "measured once, at each tuning length"
     record = json.loads(next(tmp_path.glob("kernels/*/*/attention-paths.json")).read_text())
-    assert record == {"bfloat16-12x32": faster}
+    threads = torch.get_num_threads()
+    assert record == {f"bfloat16-12x32-{threads}threads": faster}
     # A new process reads the record instead of measuring again; another head shape is measured on its own.
     monkeypatch.setattr(tuning, "_choices", {})
     assert tuning.cpu_attention_in_kernel(torch.bfloat16, 12, 32) == (faster == "kernel")
     assert len(calls) == len(tuning.TUNING_LENGTHS)
     tuning.cpu_attention_in_kernel(torch.bfloat16, 16, 64)
     assert len(calls) == 2 * len(tuning.TUNING_LENGTHS)
-    assert set(json.loads(next(tmp_path.glob("kernels/*/*/attention-paths.json")).read_text())) == {"bfloat16-12x32", "bfloat16-16x64"}
+    record = json.loads(next(tmp_path.glob("kernels/*/*/attention-paths.json")).read_text())
+    assert set(record) == {f"bfloat16-12x32-{threads}threads", f"bfloat16-16x64-{threads}threads"}
 
 
 @pytest.mark.skipif(not kernels.load(), reason="the CPU attention kernel could not be built here")

@@ -181,9 +181,10 @@ def run(
             gflop = model_gflop(config, enc.lengths)
             heads, head_dim = attention_heads(config)
             attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
-            path = "kernel" if "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim) else "sdpa"
+            in_kernel = "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim)
+            attention_path = "kernel" if in_kernel else "sdpa"
             log(f"{workload} {dtype}: attention alone, GFLOP/s: "
-                + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {path}")
+                + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {attention_path}")
             first = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
             warm = pairs[: min(64, len(pairs))]
             engines = {"sentence-transformers": lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)}
@@ -218,7 +219,7 @@ def run(
                     oracle_drift=drift, native_bf16_gflops=native,
                 )
                 if name in ours:
-                    row.attention_path = path
+                    row.attention_path = attention_path
                     row.kernel_attention_gflops = attention.get("kernel", 0.0)
                     row.sdpa_attention_gflops = attention["sdpa"]
                 if name in ours and ours[name].config.compile:

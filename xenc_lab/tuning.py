@@ -4,8 +4,8 @@ The kernel (``kernels``) computes with AVX-512 (or portable-vector) fp32 FMAs wh
 stream in place. torch's SDPA needs the pairs laid out as padded sequences (a gather there and back), but on a
 CPU with AMX for the dtype (flag ``amx_bf16`` for bfloat16, ``amx_fp16`` for float16) it computes Q K^T and P V
 with AMX tiles (oneDNN brgemm), whose peak is 16 times the FMAs' per core. Which is faster there depends on the
-head shapes, so it is measured, once per kind of CPU, torch version, dtype and head shape, and the answer is kept
-on disk beside the kernel build: a machine takes the same path in every run. Float32, and CPUs without AMX, run
+head shapes, so it is measured, once per kind of CPU, torch version, dtype, head shape and thread count, and the
+answer is kept on disk beside the kernel build: a machine takes the same path in every run. Float32, and CPUs without AMX, run
 the kernel (it measured 2-4x faster than SDPA there, MiniLM's heads, 91-508 tokens per pair).
 ``XENC_LAB_CPU_ATTENTION=kernel`` or ``=sdpa`` forces one path everywhere.
 
@@ -48,7 +48,7 @@ def cpu_attention_in_kernel(dtype: torch.dtype, num_heads: int, head_dim: int) -
         return forced == "kernel"
     if dtype not in AMX_FLAG or AMX_FLAG[dtype] not in cpu_info().flags or not kernels.load():
         return True
-    key = f"{str(dtype).removeprefix('torch.')}-{num_heads}x{head_dim}"
+    key = f"{str(dtype).removeprefix('torch.')}-{num_heads}x{head_dim}-{torch.get_num_threads()}threads"
     if key not in _choices:
         with _lock:
             if key not in _choices:
