@@ -65,6 +65,20 @@ def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_sha
     assert compiled.runner.graphs == graphs and len(compiled.runner.shapes) > len(shapes)
 
 
+def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_of_options():
+    """Runs anywhere: torch.compile refuses a mode and options together, at the call, before any GPU is touched."""
+    from xenc_lab.runner import ModelRunner
+
+    cuda = ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda"), compile=True)
+    assert cuda.static_shapes and cuda.compile_options["triton.cudagraphs"] is True
+    cpu = ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"), compile=True)
+    assert not cpu.static_shapes and "triton.cudagraphs" not in cpu.compile_options
+    from torch._inductor import config as inductor_config
+
+    if hasattr(inductor_config, "emulate_precision_casts"):
+        assert cuda.compile_options["emulate_precision_casts"] and cpu.compile_options["emulate_precision_casts"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_cuda_scores_equal_crossencoder(tiny_dir, dtype):

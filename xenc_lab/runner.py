@@ -32,16 +32,24 @@ class ModelRunner:
         self.device = device
         self.compiled = compile
         self.static_shapes = compile and device.type == "cuda"
-        mode = "reduce-overhead" if self.static_shapes else None
-        # Inductor keeps the roundings to bf16/fp16 that eager code does (emulate_precision_casts): by default it
-        # drops a round trip through a 16-bit type inside a fused kernel, and compile=True would change the numbers.
-        from torch._inductor import config as inductor_config
-
-        options = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else None
-        self._forward = torch.compile(model, dynamic=not self.static_shapes, mode=mode, options=options) if compile else model
+        self.compile_options = self._compile_options() if compile else {}
+        self._forward = torch.compile(model, dynamic=not self.static_shapes, options=self.compile_options) if compile else model
         self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
         self.graphs = 0  # graphs compiled for this model
         self.compile_seconds = 0.0  # time of the calls that compiled one
+
+    def _compile_options(self) -> dict:
+        """Inductor's options: on CUDA those of mode "reduce-overhead" (CUDA graphs; torch.compile takes a mode or
+        options, not both). Everywhere, inductor keeps the roundings to bf16/fp16 that eager code does
+        (emulate_precision_casts): by default it drops a round trip through a 16-bit type inside a fused kernel,
+        and compile=True would change the numbers."""
+        import torch._inductor
+        from torch._inductor import config as inductor_config
+
+        options = dict(torch._inductor.list_mode_options("reduce-overhead")) if self.static_shapes else {}
+        if hasattr(inductor_config, "emulate_precision_casts"):
+            options["emulate_precision_casts"] = True
+        return options
 
     @torch.inference_mode()
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
