@@ -59,8 +59,11 @@ def test_make_pairs_rejects_a_bool_count():
 
 def test_load_pairs_reads_jsonl_objects_and_lists(tmp_path):
     path = tmp_path / "mine.jsonl"
-    path.write_text('{"query": "q1", "passage": "p1"}\n\n["q2", "p2"]\n{"text_1": "q3", "document": "p\\t3"}\n')
-    assert load_pairs(path) == [("q1", "p1"), ("q2", "p2"), ("q3", "p\t3")]
+    path.write_text(
+        '{"query": "q1", "passage": "p1"}\n\n["q2", "p2"]\n{"text_1": "q3", "document": "p\\t3"}\n'
+        '{"sentence1": "q4", "sentence2": "p4", "label": 1}\n'
+    )
+    assert load_pairs(path) == [("q1", "p1"), ("q2", "p2"), ("q3", "p\t3"), ("q4", "p4")]
 
 
 def test_load_pairs_reads_tsv_with_or_without_a_header(tmp_path):

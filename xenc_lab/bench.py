@@ -300,7 +300,8 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
                       f"{w} {dt}: kernel {r.kernel_attention_gflops:.0f}, SDPA {r.sdpa_attention_gflops:.0f} "
                       f"(ran: {r.attention_path})" for (w, dt), r in attention.items()) + ". "
                   "xenc_lab's kernel reads the packed stream in place; SDPA's time includes laying the pairs out and back. "
-                  "Half-precision attention runs in SDPA where the CPU has AMX for the dtype (``XENC_LAB_CPU_ATTENTION`` overrides)."]
+                  "The kernel runs but where the CPU has AMX for the dtype and SDPA measured faster there at the model's "
+                  "head shapes (`XENC_LAB_CPU_ATTENTION` forces either)."]
     drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
     if drifted:
         lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "

@@ -54,8 +54,8 @@ def make_pairs(kind: str = "mixed", n: int = 1000, seed: int = 0) -> list[tuple[
     return pairs
 
 
-QUERY_COLUMNS = ("query", "text_1", "question")
-PASSAGE_COLUMNS = ("passage", "document", "text_2", "doc", "text")
+QUERY_COLUMNS = ("query", "text_1", "question", "sentence1")
+PASSAGE_COLUMNS = ("passage", "document", "text_2", "doc", "text", "sentence2")
 
 
 def _pair_from_columns(row: dict, where: str) -> tuple[str, str]:
@@ -72,9 +72,9 @@ def _pair_from_columns(row: dict, where: str) -> tuple[str, str]:
 def load_pairs(path) -> list[tuple[str, str]]:
     """(query, passage) pairs from a file, for benchmarking on a workload of one's own.
 
-    - ``.jsonl``: one JSON object per line with a query field (``query``, ``text_1`` or ``question``)
-      and a passage field (``passage``, ``document``, ``text_2``, ``doc`` or ``text``), or a
-      two-element list ``[query, passage]``.
+    - ``.jsonl``: one JSON object per line with a query field (``query``, ``text_1``, ``question`` or
+      ``sentence1``) and a passage field (``passage``, ``document``, ``text_2``, ``doc``, ``text`` or
+      ``sentence2``), or a two-element list ``[query, passage]``.
     - ``.tsv`` / ``.csv``: a header naming those fields, or no header and exactly two columns.
 
     Every pair must be two strings; anything else is a ValueError naming the line.
