@@ -46,16 +46,16 @@ class BenchRow:
 
 def encoder_dims(config) -> tuple[int, int, int]:
     """(layers, hidden, intermediate) of an encoder config, whatever the family calls them."""
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers")
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "dim")
-    inter = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim")
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layers
+    hidden = getattr(config, "hidden_size", None) or config.dim
+    inter = getattr(config, "intermediate_size", None) or config.hidden_dim
     return layers, hidden, inter
 
 
 def attention_heads(config) -> tuple[int, int]:
     """(heads, head dim) of an encoder config."""
     _, d, _ = encoder_dims(config)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
+    heads = getattr(config, "num_attention_heads", None) or config.n_heads
     return heads, getattr(config, "attention_head_size", None) or d // heads
 
 
@@ -179,12 +179,14 @@ def run(
         for workload, pairs in workloads:
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
-            heads, head_dim = attention_heads(config)
-            attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
-            in_kernel = "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim)
-            attention_path = "kernel" if in_kernel else "sdpa"
-            log(f"{workload} {dtype}: attention alone, GFLOP/s: "
-                + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {attention_path}")
+            attention, attention_path = {}, ""
+            if not ours["xenc_lab"].architecture.startswith("DebertaV2"):  # DeBERTa's attention is its own, padded
+                heads, head_dim = attention_heads(config)
+                attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
+                in_kernel = "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim)
+                attention_path = "kernel" if in_kernel else "sdpa"
+                log(f"{workload} {dtype}: attention alone, GFLOP/s: "
+                    + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {attention_path}")
             first = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
             warm = pairs[: min(64, len(pairs))]
             engines = {"sentence-transformers": lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)}
@@ -218,7 +220,7 @@ def run(
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
                     oracle_drift=drift, native_bf16_gflops=native,
                 )
-                if name in ours:
+                if name in ours and attention:
                     row.attention_path = attention_path
                     row.kernel_attention_gflops = attention.get("kernel", 0.0)
                     row.sdpa_attention_gflops = attention["sdpa"]

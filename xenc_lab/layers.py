@@ -90,8 +90,7 @@ def packed_attention(
     dh = d // num_heads
     if cpu_path not in (None, "kernel", "sdpa"):
         raise ValueError(f"cpu_path must be None, 'kernel' or 'sdpa', got {cpu_path!r}")
-    in_kernel = cpu_attention_in_kernel(qkv.dtype, num_heads, dh) if cpu_path is None else cpu_path == "kernel"
-    if qkv.device.type == "cpu" and in_kernel:
+    if qkv.device.type == "cpu" and (cpu_path == "kernel" if cpu_path else cpu_attention_in_kernel(qkv.dtype, num_heads, dh)):
         q, k, v = qkv.split(d, dim=-1)  # strided views: the kernel reads them in place
         out = packed_attention_cpu(q, k, v, batch.cu_seqlens, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
