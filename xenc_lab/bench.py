@@ -53,10 +53,10 @@ def encoder_dims(config) -> tuple[int, int, int]:
 
 
 def attention_heads(config) -> tuple[int, int]:
-    """(heads, head dim) of an encoder config."""
+    """(heads, head dim) of an encoder config whose attention runs in ``layers.packed_attention``."""
     _, d, _ = encoder_dims(config)
     heads = getattr(config, "num_attention_heads", None) or config.n_heads
-    return heads, getattr(config, "attention_head_size", None) or d // heads
+    return heads, d // heads
 
 
 def model_gflop(config, lengths: np.ndarray) -> float:
