@@ -1,6 +1,8 @@
 """The benchmark harness: its arithmetic, its report, and one tiny end-to-end run through the CLI."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -113,3 +115,56 @@ def test_cli_bench_refuses_a_non_positive_pair_count(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--pairs", "0"])
     assert "expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_bench_refuses_an_unknown_device_or_dtype_before_loading_anything(tiny_dir):
+    cases = [({"device": "tpu"}, ValueError, "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+             ({"device": "mps"}, ValueError, "xenc_lab runs on 'cpu' or 'cuda', got device 'mps'"),
+             ({"device": 0.5}, TypeError, "device must be"),
+             ({"dtypes": ("float64",)}, ValueError, "dtypes must be a non-empty list"),
+             ({"dtypes": ()}, ValueError, "dtypes must be a non-empty list"),
+             ({"repeats": 0}, ValueError, "repeats must be an int >= 1, got 0"),
+             ({"n_pairs": 0}, ValueError, "n_pairs must be an int >= 1, got 0")]
+    if not torch.cuda.is_available():
+        cases.append(({"device": "cuda", "dtypes": ("float16",)}, ValueError, "sees no CUDA GPU"))
+    for kwargs, error, message in cases:
+        logged = []
+        with pytest.raises(error, match=message):
+            bench.run(tiny_dir, workloads=["short"], **{"dtypes": ("float32",), **kwargs}, log=logged.append)
+        assert not logged
+
+
+def test_bench_takes_one_workload_given_alone(tiny_dir):
+    mine = [("a query?", "a passage."), ("b?", "b.")] * 4
+    for workloads, name in (("short", "short"), (("mine", mine), "mine")):
+        rows = bench.run(tiny_dir, workloads=workloads, dtypes="float32", n_pairs=8, repeats=1, log=lambda line: None)
+        assert {r.workload for r in rows} == {name} and len(rows) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA GPU is visible")
+def test_cli_bench_on_cuda_without_a_gpu_says_so(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--device", "cuda"])
+    assert "--device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_a_cuda_report_names_the_gpu_and_keeps_to_one_device(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "device_name", lambda device="cuda": "NVIDIA Example (80 GiB, compute capability 9.0)")
+    rows = [bench.BenchRow("short", "float16", engine, 8, 90.0, rate, rate / 100.0, 1e4, 0.5, 2e-3, 0.1, device="cuda")
+            for engine, rate in (("sentence-transformers", 100.0), ("xenc_lab", 250.0))]
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench --device cuda").read_text()
+    assert "Machine: NVIDIA Example (80 GiB, compute capability 9.0); host " in text
+    assert "| short | float16 | xenc_lab | 8 | 90 | 250.0 | 2.50x |" in text
+    with pytest.raises(ValueError, match="one device"):
+        bench.write_report([rows[0], dataclasses.replace(rows[1], device="cpu")], tmp_path, "xenc-lab bench")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cli_bench_on_cuda_runs_fp16_and_bf16_side_by_side_and_names_the_gpu(tiny_dir, tmp_path, capsys):
+    assert main(["bench", "--model", str(tiny_dir), "--device", "cuda", "--workloads", "short", "mixed",
+                 "--pairs", "32", "--repeats", "2", "--compile", "--report", str(tmp_path)]) == 0
+    table = (tmp_path / "throughput.md").read_text()
+    assert torch.cuda.get_device_name() in table
+    for dtype in ("float16", "bfloat16"):
+        assert table.count(f"| short | {dtype} |") == 3 and table.count(f"| mixed | {dtype} |") == 3
+    assert "graph(s) compiled" in table and "Attention alone" not in table

@@ -268,3 +268,91 @@ def test_an_explicit_max_length_truncates_longest_first_like_the_oracle(tiny_dir
 def test_a_max_length_beyond_the_position_table_is_refused_with_a_clear_valueerror(tiny_dir):
     with pytest.raises(ValueError, match="max_length"):
         Scorer(tiny_dir, device="cpu", max_length=100).predict([("q", "word " * 200)])
+
+
+def test_a_max_length_below_a_pairs_special_tokens_is_refused_before_loading(tiny_dir, monkeypatch):
+    import xenc_lab.scorer as scorer_module
+
+    monkeypatch.setattr(scorer_module, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match=r"max_length=2 cannot hold the 3 special tokens of a pair; pass max_length>=3"):
+        Scorer(tiny_dir, device="cpu", max_length=2)
+
+
+def test_the_smallest_max_length_keeps_only_special_tokens_like_the_oracle(tiny_dir):
+    from sentence_transformers import CrossEncoder
+
+    ours, theirs = Scorer(tiny_dir, device="cpu", max_length=3), CrossEncoder(str(tiny_dir), device="cpu", max_length=3)
+    pairs = [("hello there " * 5, "general kenobi " * 3), ("", "x")]
+    np.testing.assert_allclose(ours.predict(pairs), theirs.predict(pairs), rtol=0, atol=ATOL)
+    assert ours.predict(pairs)[0] == ours.predict(pairs)[1]  # both are [CLS] [SEP] [SEP]
+
+
+@pytest.mark.parametrize("device, error, message", [
+    ("tpu", ValueError, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    ("meta", ValueError, r"xenc_lab runs on 'cpu' or 'cuda', got device 'meta'"),
+    ("", ValueError, "device must be"),
+    (0, TypeError, "device must be a str"),
+], ids=["tpu", "meta", "empty", "int"])
+def test_scorer_refuses_a_device_it_cannot_run_on_before_reading_the_model(tiny_dir, monkeypatch, device, error, message):
+    import xenc_lab.scorer as scorer_module
+
+    monkeypatch.setattr(scorer_module, "resolve", lambda *a: pytest.fail("the model was read"))
+    with pytest.raises(error, match=message):
+        Scorer(tiny_dir, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA GPU is visible")
+def test_scorer_on_cuda_without_a_gpu_says_so(tiny_dir):
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU here"):
+        Scorer(tiny_dir, device="cuda")
+
+
+def test_numpy_integers_are_taken_wherever_an_int_is(tiny_dir, oracle, pairs):
+    scorer = Scorer(tiny_dir, device="cpu", max_length=np.int64(32), page_size=np.int32(8),
+                    max_batch_tokens=np.int64(256))
+    assert (scorer.config.page_size, scorer.config.max_batch_tokens, scorer.max_length) == (8, 256, 32)
+    assert type(scorer.config.page_size) is int
+    got = scorer.predict(pairs, batch_size=np.int64(3))
+    np.testing.assert_allclose(got, Scorer(tiny_dir, device="cpu", max_length=32).predict(pairs), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["compile", "trust_remote_code"])
+def test_scorer_switches_must_be_bools(tiny_dir, name):
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got 'no'"):
+        Scorer(tiny_dir, device="cpu", **{name: "no"})
+
+
+def test_predict_without_numpy_gives_a_list_of_tensors_as_the_oracle(scorer, oracle, pairs):
+    got, want = scorer.predict(pairs, convert_to_numpy=False), oracle.predict(pairs, convert_to_numpy=False)
+    assert isinstance(got, list) and len(got) == len(want) == len(pairs)
+    assert all(isinstance(t, torch.Tensor) and t.shape == w.shape == () for t, w in zip(got, want))
+    np.testing.assert_allclose([t.item() for t in got], [w.item() for w in want], rtol=0, atol=ATOL)
+    one = scorer.predict(pairs[0], convert_to_numpy=False)
+    assert isinstance(one, torch.Tensor) and one.shape == ()
+
+
+def test_predict_takes_the_old_sentence_transformers_names_with_a_warning(scorer, pairs):
+    want = scorer.predict(pairs, activation_fn=torch.nn.Identity())
+    with pytest.warns(FutureWarning, match="sentences"):
+        got = scorer.predict(sentences=pairs, activation_fct=torch.nn.Identity(), num_workers=4)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(TypeError, match="both pairs and sentences"), pytest.warns(FutureWarning):
+        scorer.predict(pairs, sentences=pairs)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['pool'\]"):
+        scorer.predict(pairs, pool=object())
+    with pytest.raises(TypeError, match="needs pairs"):
+        scorer.predict()
+
+
+def test_predict_options_are_keyword_only_as_their_positions_differ_between_oracle_versions(scorer, pairs):
+    with pytest.raises(TypeError):
+        scorer.predict(pairs, 2)  # sentence-transformers v6 reads this as prompt_name=2, v5 as batch_size=2
+
+
+def test_predict_refuses_non_bool_flags_and_a_0d_array(counted):
+    scorer, spy = counted
+    with pytest.raises(TypeError, match="show_progress_bar must be True or False"):
+        scorer.predict([("a", "b")], show_progress_bar="yes")
+    with pytest.raises(TypeError, match="0-d array"):
+        scorer.predict(np.array("ab"))
+    assert spy.calls == 0

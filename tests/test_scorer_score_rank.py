@@ -135,3 +135,15 @@ def test_rank_accepts_a_numpy_array_of_documents_like_the_oracle(scorer, oracle,
     docs = np.array(DOCS)
     got, want = scorer.rank(QUERY, docs), oracle.rank(QUERY, docs)
     assert [r["corpus_id"] for r in got] == [r["corpus_id"] for r in want]
+
+
+def test_rank_takes_a_numpy_top_k_and_ignores_the_old_flags_with_a_warning_like_the_oracle(scorer, oracle):
+    assert scorer.rank(QUERY, DOCS, top_k=np.int64(3)) == scorer.rank(QUERY, DOCS, top_k=3)
+    with pytest.warns(FutureWarning, match="ignores"):
+        got = scorer.rank(QUERY, DOCS, apply_softmax=True, convert_to_tensor=True)
+    assert got == scorer.rank(QUERY, DOCS)
+    assert [r["corpus_id"] for r in got] == [r["corpus_id"] for r in oracle.rank(QUERY, DOCS, apply_softmax=True)]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        scorer.rank(QUERY, DOCS, pool=object())
+    with pytest.raises(TypeError):
+        scorer.rank(QUERY, DOCS, 2, False, 8)  # options past return_documents are keyword-only

@@ -68,8 +68,8 @@ def test_load_pairs_reads_jsonl_objects_and_lists(tmp_path):
 
 def test_load_pairs_reads_tsv_with_or_without_a_header(tmp_path):
     headed = tmp_path / "headed.tsv"
-    headed.write_text("qid\tquery\tpassage\n1\twhat is x?\tx is y.\n2\twho\t\"quoted, text\"\n")
-    assert load_pairs(headed) == [("what is x?", "x is y."), ("who", "quoted, text")]
+    headed.write_text("qid\tquery\tpassage\n1\twhat is x?\tx is y.\n2\twho\tcomma, text\n")
+    assert load_pairs(headed) == [("what is x?", "x is y."), ("who", "comma, text")]
     bare = tmp_path / "bare.csv"
     bare.write_text('what is x?,"x, y and z."\n')
     assert load_pairs(bare) == [("what is x?", "x, y and z.")]
@@ -92,3 +92,15 @@ def test_load_pairs_names_the_file_and_line_of_bad_input(tmp_path, name, text, m
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_pairs(path)
+
+
+def test_load_pairs_reads_tsv_quotes_as_text_and_skips_a_byte_order_mark(tmp_path):
+    tsv = tmp_path / "quotes.tsv"
+    tsv.write_text('what is "x"\t"quoted" passage\nan "unmatched quote\tsecond\nthird\tthe "end\n', encoding="utf-8")
+    assert load_pairs(tsv) == [('what is "x"', '"quoted" passage'), ('an "unmatched quote', "second"), ("third", 'the "end')]
+    csv_file = tmp_path / "bom.csv"
+    csv_file.write_text('\ufeffquery,passage\n"a, b",c\n', encoding="utf-8")
+    assert load_pairs(csv_file) == [("a, b", "c")]
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_text('\ufeff{"query": "q", "passage": "p"}\n', encoding="utf-8")
+    assert load_pairs(jsonl) == [("q", "p")]

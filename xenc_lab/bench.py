@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import resolve_device, whole_number
 from .cpuinfo import cpu_info
 from .layers import PrepackedLinear, bf16_products_in_fp32
 from .tuning import attention_rates, cpu_attention_in_kernel
@@ -42,6 +43,7 @@ class BenchRow:
     attention_path: str = ""  # xenc_lab rows: where its CPU attention ran ("kernel" or "sdpa")
     kernel_attention_gflops: float = 0.0  # attention alone at the model's head shapes and the workload's mean length:
     sdpa_attention_gflops: float = 0.0  # xenc_lab's kernel and torch's SDPA (pairs laid out with a key mask)
+    device: str = "cpu"  # where both engines ran ("cpu" or "cuda")
 
 
 def encoder_dims(config) -> tuple[int, int, int]:
@@ -68,28 +70,38 @@ def model_gflop(config, lengths: np.ndarray) -> float:
 
 
 def gemm_rate(
-    config, dtype: torch.dtype, tokens: int = 4096, repeats: int = 10, products_in_fp32: bool | None = None
+    config,
+    dtype: torch.dtype,
+    tokens: int = 4096,
+    repeats: int = 10,
+    products_in_fp32: bool | None = None,
+    device: str | torch.device = "cpu",
 ) -> float:
-    """GFLOP/s of the fastest CPU GEMM at the model's projection shapes (tokens x d -> d, 3d, f; f -> d):
-    oneDNN with prepacked weights where available, else torch's default. In bfloat16 that is the path xenc_lab
-    takes (``layers.bf16_products_in_fp32``) unless ``products_in_fp32`` says which."""
+    """GFLOP/s of the fastest GEMM at the model's projection shapes (tokens x d -> d, 3d, f; f -> d). On the
+    CPU: oneDNN with prepacked weights where available, else torch's default; in bfloat16 that is the path
+    xenc_lab takes (``layers.bf16_products_in_fp32``) unless ``products_in_fp32`` says which. On CUDA: torch's
+    GEMM (cuBLAS) at torch's precision settings."""
+    device = torch.device(device)
     _, d, f = encoder_dims(config)
     shapes = [(d, 3 * d), (d, d), (d, f), (f, d)]
-    x = {k: torch.randn(tokens, k, dtype=dtype) for k in {d, f}}
+    x = {k: torch.randn(tokens, k, dtype=dtype, device=device) for k in {d, f}}
     linears = {}
     for k, n in shapes:
-        linear = torch.nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False)
-        fast = PrepackedLinear.supported(dtype, linear.weight.device)
+        linear = torch.nn.Linear(k, n, bias=False).to(device=device, dtype=dtype).requires_grad_(False)
+        fast = PrepackedLinear.supported(dtype, device)
         linears[k, n] = PrepackedLinear(linear, products_in_fp32) if fast else linear
     flop = sum(2 * tokens * k * n for k, n in shapes)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = float("inf")
     with torch.inference_mode():
-        for k, n in shapes:  # warm up: oneDNN builds each shape's kernel on its first call
+        for k, n in shapes:  # warm up: oneDNN builds each shape's kernel on its first call (cuBLAS its handle)
             linears[k, n](x[k])
+        sync()
         for _ in range(repeats):
             start = time.perf_counter()
             for k, n in shapes:
                 linears[k, n](x[k])
+            sync()
             best = min(best, time.perf_counter() - start)
     return flop / best / 1e9
 
@@ -98,6 +110,23 @@ def cpu_has_fast_bf16() -> bool:
     """AMX or AVX512-BF16, read from the CPU's flags (never assumed)."""
     flags = cpu_info().flags
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+BENCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_run(device, dtypes, repeats, n_pairs) -> tuple[torch.device, list[str]]:
+    """The device and dtypes of a run, and its counts, checked before anything is loaded or timed."""
+    device = resolve_device(device)
+    if isinstance(dtypes, str):
+        dtypes = [dtypes]
+    dtypes = list(dtypes)
+    unknown = [d for d in dtypes if d not in BENCH_DTYPES]
+    if not dtypes or unknown:
+        raise ValueError(f"dtypes must be a non-empty list of {BENCH_DTYPES}, got {dtypes!r}")
+    whole_number("repeats", repeats)
+    whole_number("n_pairs", n_pairs)
+    return device, dtypes
 
 
 def _timed(fn) -> tuple[float, object]:
@@ -112,6 +141,9 @@ def _resolve_workloads(workloads, n_pairs: int, seed: int) -> list[tuple[str, li
     from .scorer import _split_pairs
     from .workloads import WORKLOADS
 
+    if isinstance(workloads, str) or (isinstance(workloads, tuple) and len(workloads) == 2 and isinstance(workloads[0], str)
+                                      and not isinstance(workloads[1], str)):
+        workloads = [workloads]  # one workload: a name, or a (name, pairs) tuple
     items = list(workloads.items()) if isinstance(workloads, dict) else list(workloads)
     if not items:
         raise ValueError("workloads must name at least one workload")
@@ -144,43 +176,54 @@ def run(
     compile: bool = False,
     st_batch_size: int = 32,
     seed: int = 0,
+    device: str | torch.device = "cpu",
     log=print,
 ) -> list[BenchRow]:
     """Benchmark rows for each (workload, dtype): sentence-transformers, xenc_lab, and with ``compile``
-    xenc_lab with compile=True as a third engine.
+    xenc_lab with compile=True as a third engine, both engines on ``device`` ("cpu" or "cuda").
 
     ``workloads`` are built-in names (``n_pairs`` pairs each, from ``seed``), ``(name, pairs)`` tuples
-    of your own (``xenc_lab.workloads.load_pairs`` reads them from a file), or a dict of name to pairs."""
+    of your own (``xenc_lab.workloads.load_pairs`` reads them from a file), or a dict of name to pairs.
+    ``max_abs_delta`` is always taken against sentence-transformers in fp32 on the CPU, the parity suite's
+    oracle."""
     from sentence_transformers import CrossEncoder
 
     from . import Scorer
     from .zoo import minilm_cross_encoder
 
+    device, dtypes = _check_run(device, dtypes, repeats, n_pairs)
+    on_cpu = device.type == "cpu"
     workloads = _resolve_workloads(workloads, n_pairs, seed)
     path = str(model_path or minilm_cross_encoder())
     identity = torch.nn.Identity()
     rows: list[BenchRow] = []
     reference = CrossEncoder(path, device="cpu")
+    if not on_cpu:
+        log(f"device: {device_name(device)}")
     for dtype in dtypes:
-        if dtype == "bfloat16" and not cpu_has_fast_bf16():
+        if on_cpu and dtype == "bfloat16" and not cpu_has_fast_bf16():
             log("skipping bfloat16: this CPU has neither AMX nor AVX512-BF16")
             continue
         torch_dtype = getattr(torch, dtype)
-        theirs = reference if dtype == "float32" else CrossEncoder(path, device="cpu", model_kwargs={"dtype": torch_dtype})
-        ours = {"xenc_lab": Scorer(path, device="cpu", dtype=dtype)}
+        if on_cpu and dtype == "float32":
+            theirs = reference
+        else:
+            theirs = CrossEncoder(path, device=str(device), model_kwargs={"dtype": torch_dtype})
+        ours = {"xenc_lab": Scorer(path, device=device, dtype=dtype)}
         if compile:
-            ours["xenc_lab compiled"] = Scorer(path, device="cpu", dtype=dtype, compile=True)
+            ours["xenc_lab compiled"] = Scorer(path, device=device, dtype=dtype, compile=True)
         config = ours["xenc_lab"].hf_config
-        ceiling = gemm_rate(config, torch_dtype)
+        ceiling = gemm_rate(config, torch_dtype, device=device)
         native = 0.0
-        if dtype == "bfloat16" and bf16_products_in_fp32():
+        if on_cpu and dtype == "bfloat16" and bf16_products_in_fp32():
             native = gemm_rate(config, torch_dtype, products_in_fp32=False)
             log(f"bfloat16: xenc_lab runs bf16 products as fp32 GEMMs here, {ceiling:.0f} GFLOP/s; native bf16 GEMMs {native:.0f}")
         for workload, pairs in workloads:
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
             attention, attention_path = {}, ""
-            if not ours["xenc_lab"].architecture.startswith("DebertaV2"):  # DeBERTa's attention is its own, padded
+            # CPU attention alone; DeBERTa's attention is its own, padded
+            if on_cpu and not ours["xenc_lab"].architecture.startswith("DebertaV2"):
                 heads, head_dim = attention_heads(config)
                 attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
                 in_kernel = "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim)
@@ -218,7 +261,7 @@ def run(
                     mean_tokens=float(enc.lengths.mean()), pairs_per_s=rate, ratio=rate / base,
                     gflops=gflop / seconds, ceiling_share=gflop / seconds / ceiling,
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
-                    oracle_drift=drift, native_bf16_gflops=native,
+                    oracle_drift=drift, native_bf16_gflops=native, device=device.type,
                 )
                 if name in ours and attention:
                     row.attention_path = attention_path
@@ -234,7 +277,7 @@ def run(
                     f"max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
                 )
         # A busy moment during one measurement lowers it: measure the ceiling again and keep the higher.
-        settled = max(ceiling, gemm_rate(config, torch_dtype))
+        settled = max(ceiling, gemm_rate(config, torch_dtype, device=device))
         if settled > ceiling:
             log(f"{dtype}: GEMM ceiling re-measured at {settled:.0f} GFLOP/s (first {ceiling:.0f}); shares use it")
             for row in rows:
@@ -250,10 +293,21 @@ def as_dicts(rows: list[BenchRow]) -> list[dict]:
     return [asdict(r) for r in rows]
 
 
-def machine() -> str:
+def device_name(device: str | torch.device = "cuda") -> str:
+    """A CUDA device as a report names it: model, memory, compute capability, CUDA version."""
+    device = torch.device(device)
+    props = torch.cuda.get_device_properties(device)
+    return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, "
+            f"CUDA {torch.version.cuda})")
+
+
+def machine(device: str | torch.device = "cpu") -> str:
     cpu, flags = cpu_info().model, cpu_info().flags
     bf16 = ", ".join(name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16")) if flag in flags) or "no bf16 units"
-    return f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}"
+    host = f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}"
+    if torch.device(device).type == "cuda":
+        return f"{device_name(device)}; host {host}"
+    return host
 
 
 def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
@@ -265,10 +319,13 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    devices = sorted({r.device for r in rows}) or ["cpu"]
+    if len(devices) > 1:
+        raise ValueError(f"a report covers one device, got rows from {devices}")
     lines = [
         "# Throughput: xenc_lab against sentence-transformers",
         "",
-        f"Machine: {machine()}. Regenerate with `{command}`.",
+        f"Machine: {machine(devices[0])}. Regenerate with `{command}`.",
         "Both engines in one process on the same pairs, alternating runs, tokenization included; "
         "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
         "GFLOP/s counts the model's math (2 x non-embedding matmul weights x tokens + attention); "
@@ -339,28 +396,33 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     return out_dir / "throughput.md"
 
 
-def peak_rss_mb(n_pairs: int, model_path=None, workload: str = "mixed", dtype: str = "float32") -> tuple[float, float]:
-    """Peak resident memory (MB) of a fresh process that scores ``n_pairs`` pairs, input included:
-    (after loading the model and scoring 16 pairs, at the end)."""
+def peak_memory_mb(
+    n_pairs: int, model_path=None, workload: str = "mixed", dtype: str = "float32", device: str = "cpu"
+) -> dict[str, float]:
+    """Peak memory (MB) of a fresh process that scores ``n_pairs`` pairs on ``device``, input included:
+    resident memory after loading the model and scoring 16 pairs (``loaded_rss``) and at the end
+    (``peak_rss``); on CUDA also the most GPU memory torch held at once (``peak_gpu``)."""
     import json
     import subprocess
     import sys
 
     code = (
-        "import json, resource, sys\n"
+        "import json, resource, sys, torch\n"
         "from xenc_lab import Scorer\n"
         "from xenc_lab.workloads import make_pairs\n"
         "from xenc_lab.zoo import minilm_cross_encoder\n"
-        "path, n, workload, dtype = json.loads(sys.argv[1])\n"
-        "scorer = Scorer(path or minilm_cross_encoder(), device='cpu', dtype=dtype)\n"
+        "path, n, workload, dtype, device = json.loads(sys.argv[1])\n"
+        "scorer = Scorer(path or minilm_cross_encoder(), device=device, dtype=dtype)\n"
         "pairs = make_pairs(workload, n, seed=7)\n"
         "scorer.predict(pairs[:16])\n"
-        "loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "out = {'loaded_rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}\n"
         "scores = scorer.predict(pairs, show_progress_bar=False)\n"
         "assert len(scores) == n\n"
-        "print(loaded, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+        "out['peak_rss'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "if scorer.device.type == 'cuda':\n"
+        "    out['peak_gpu'] = torch.cuda.max_memory_allocated(scorer.device) / 2**20\n"
+        "print(json.dumps(out))\n"
     )
-    args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype])
+    args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype, str(device)])
     out = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=True)
-    loaded, peak = out.stdout.strip().splitlines()[-1].split()
-    return float(loaded), float(peak)
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -98,22 +98,26 @@ def bench(args: argparse.Namespace) -> int:
             pairs = pairs[: args.pairs]
         print(f"workload {Path(file).stem!r}: {len(pairs)} pairs from {file}")
         workloads.append((Path(file).stem, pairs))
+    dtypes = args.dtypes or (["float16", "bfloat16"] if args.device == "cuda" else ["float32", "bfloat16"])
     rows = B.run(
-        args.model, workloads=workloads, dtypes=args.dtypes, n_pairs=args.pairs or 256,
-        repeats=args.repeats, compile=args.compile,
+        args.model, workloads=workloads, dtypes=dtypes, n_pairs=args.pairs or 256,
+        repeats=args.repeats, compile=args.compile, device=args.device,
     )
     notes = []
     if args.memory:
-        # bf16 where the CPU has it: the point is memory, and this keeps the 20,000-pair run short.
-        dtype = "bfloat16" if B.cpu_has_fast_bf16() else "float32"
-        (small_base, small), (large_base, large) = (
-            B.peak_rss_mb(n, args.model, workload="short", dtype=dtype) for n in (2000, 20000)
+        # On the CPU bf16 where it has it: the point is memory, and this keeps the 20,000-pair run short.
+        dtype = dtypes[0] if args.device == "cuda" else "bfloat16" if B.cpu_has_fast_bf16() else "float32"
+        small, large = (
+            B.peak_memory_mb(n, args.model, workload="short", dtype=dtype, device=args.device) for n in (2000, 20000)
         )
         notes.append(
-            f"Peak RSS of a fresh process scoring short pairs in {dtype}, input included: 2,000 pairs "
-            f"{small:.0f} MB, 20,000 pairs {large:.0f} MB ({large / small:.2f}x for 10x the input); "
-            f"after loading the model and scoring 16 pairs it was {small_base:.0f} and {large_base:.0f} MB."
+            f"Peak RSS of a fresh process scoring short pairs in {dtype} on {args.device}, input included: 2,000 pairs "
+            f"{small['peak_rss']:.0f} MB, 20,000 pairs {large['peak_rss']:.0f} MB "
+            f"({large['peak_rss'] / small['peak_rss']:.2f}x for 10x the input); after loading the model and scoring "
+            f"16 pairs it was {small['loaded_rss']:.0f} and {large['loaded_rss']:.0f} MB."
         )
+        if "peak_gpu" in small:
+            notes[-1] += (f" Peak GPU memory held by torch: {small['peak_gpu']:.0f} MB and {large['peak_gpu']:.0f} MB.")
         print(notes[-1])
     if args.report:
         command = "xenc-lab " + " ".join(args.argv)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="model directory or hub id (default: the offline MiniLM-L6 cross-encoder)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--pairs", type=int, default=128, help="pairs in the throughput run")
+    p.add_argument("--pairs", type=_positive_int, default=128, help="pairs in the throughput run")
     p.set_defaults(func=demo)
     b = sub.add_parser("bench", help="pairs/s of xenc_lab and sentence-transformers side by side")
     b.add_argument("--model", default=None, help="model directory or hub id (default: the offline MiniLM-L6 cross-encoder)")
@@ -137,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="built-in workloads (default: all three, or none when --pairs-file is given)")
     b.add_argument("--pairs-file", nargs="+", default=None, metavar="FILE",
                    help="workloads of your own: .jsonl, .tsv or .csv files of (query, passage) pairs, named by file stem")
-    b.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    b.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both engines run (default: cpu)")
+    b.add_argument("--dtypes", nargs="+", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: float32 bfloat16 on the CPU, float16 bfloat16 on CUDA")
     b.add_argument("--pairs", type=_positive_int, default=None,
                    help="pairs per built-in workload (default 256); for --pairs-file, the first PAIRS of each file (default all)")
-    b.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median is reported)")
+    b.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per engine (median is reported)")
     b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
@@ -148,7 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv
-    return args.func(args)
+    if args.command == "bench" and args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA GPU here")
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as err:  # the library's refusals of bad input: a message, not a traceback
+        parser.exit(2, f"xenc-lab {args.command}: error: {err}\n")
 
 
 if __name__ == "__main__":

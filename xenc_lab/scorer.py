@@ -1,7 +1,9 @@
 """The public face of xenc_lab: ``Scorer``, a drop-in for sentence-transformers' ``CrossEncoder``."""
 from __future__ import annotations
 
+import numbers
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +14,7 @@ from tqdm.auto import tqdm
 
 from . import kernels
 from .batch import pack
-from .config import ScorerConfig
+from .config import ScorerConfig, resolve_device, whole_number
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
 from .pages import bucket_shape, pages_for, plan_batches
 from .runner import ModelRunner
@@ -67,14 +69,14 @@ class Scorer:
     ):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device)
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
         if activation_fn is not None and not callable(activation_fn):
             raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
-        path = resolve(model_name_or_path)
         self.config = ScorerConfig(
             model=str(model_name_or_path),
-            device=str(torch.device(device)),
+            device=str(device),
             dtype=dtype,
             max_length=max_length,
             page_size=page_size,
@@ -82,22 +84,24 @@ class Scorer:
             compile=compile,
             trust_remote_code=trust_remote_code,
         )
+        cfg = self.config
+        path = resolve(model_name_or_path)
         self.path = path
         self.hf_config = load_config(path, trust_remote_code)
         self.architecture = architecture_of(self.hf_config)
         self.save = read_cross_encoder_save(path)
-        self.tokenizer = PairTokenizer(path, self.hf_config, max_length, trust_remote_code, self.save)
+        self.tokenizer = PairTokenizer(path, self.hf_config, cfg.max_length, trust_remote_code, self.save)
         limit = position_limit(self.hf_config)
         if limit is not None and self.tokenizer.max_length > limit:
             raise ValueError(
                 f"max_length={self.tokenizer.max_length} exceeds what {self.architecture} can embed ({limit} "
                 f"positions); pass max_length<={limit}"
             )
-        longest = pages_for(self.tokenizer.max_length, page_size) * page_size
-        if longest > max_batch_tokens:
+        longest = pages_for(self.tokenizer.max_length, cfg.page_size) * cfg.page_size
+        if longest > cfg.max_batch_tokens:
             raise ValueError(
-                f"max_batch_tokens={max_batch_tokens} cannot hold one pair of max_length={self.tokenizer.max_length} "
-                f"({longest} tokens in pages of {page_size}); raise max_batch_tokens or lower max_length"
+                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={self.tokenizer.max_length} "
+                f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
             )
         self.device = torch.device(self.config.device)
         model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
@@ -197,28 +201,39 @@ class Scorer:
 
     def predict(
         self,
-        pairs,
+        pairs=None,
+        *,
         batch_size: int | None = None,
         show_progress_bar: bool | None = None,
         activation_fn: Callable | None = None,
         apply_softmax: bool = False,
+        convert_to_numpy: bool = True,
         convert_to_tensor: bool = False,
-        *,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        **old_names,
     ):
         """Scores of (text_1, text_2) pairs: float32 array of shape (N,) for one label, (N, num_labels) else.
 
         Same input forms and outputs as ``CrossEncoder.predict``: a single pair gives a scalar (or a
-        (num_labels,) array). ``batch_size`` caps the pairs per batch; the token budget caps it anyway.
+        (num_labels,) array); ``convert_to_tensor`` a tensor on the model's device; ``convert_to_numpy=False``
+        a list of tensors. ``batch_size`` caps the pairs per batch; the token budget caps it anyway.
         ``prompt`` / ``prompt_name`` (or a save's default prompt) is prepended to every text_1, as there.
+        The names sentence-transformers still takes from before v5, ``sentences`` and ``activation_fct``
+        (and ``num_workers``, ignored), work with a warning. Options are keyword-only: sentence-transformers
+        v6 takes ``prompt_name`` second, earlier versions ``batch_size``.
         """
-        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0):
-            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        pairs, activation_fn = _old_predict_names(pairs, activation_fn, old_names)
+        if batch_size is not None:
+            batch_size = whole_number("batch_size", batch_size, optional=True)
+        _check_flags(show_progress_bar=show_progress_bar, apply_softmax=apply_softmax,
+                     convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor)
         if activation_fn is not None and not callable(activation_fn):
             raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
         if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
             raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got {type(pairs).__name__}")
+        if isinstance(pairs, np.ndarray) and pairs.ndim == 0:
+            raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got a 0-d array {pairs!r}")
         single = _is_single_pair(pairs)
         pairs = [list(pairs)] if single else list(pairs)
         logits = self.logits(pairs, batch_size, show_progress_bar, self._resolve_prompt(prompt, prompt_name))
@@ -227,6 +242,9 @@ class Scorer:
             scores = scores[0]
         if convert_to_tensor:
             return scores.to(self.device)
+        if not convert_to_numpy:
+            scores = scores.to(self.device)
+            return scores if single else list(scores)
         return scores.numpy() if scores.ndim else np.float32(scores.item())
 
     __call__ = predict
@@ -258,14 +276,19 @@ class Scorer:
         documents: Sequence[str],
         top_k: int | None = None,
         return_documents: bool = False,
+        *,
         batch_size: int | None = None,
         show_progress_bar: bool | None = None,
         activation_fn: Callable | None = None,
-        *,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        **old_names,
     ) -> list[dict]:
-        """sentence-transformers' rank: [{corpus_id, score(, text)}] sorted by score, ties in corpus order."""
+        """sentence-transformers' rank: [{corpus_id, score(, text)}] sorted by score, ties in corpus order.
+
+        ``apply_softmax``, ``convert_to_numpy`` and ``convert_to_tensor``, which sentence-transformers v6 still
+        takes and ignores, are ignored here too, with a warning."""
+        _ignore_old_rank_names(old_names)
         if self.num_labels != 1:
             raise ValueError(f"rank() needs a one-label model; this one has {self.num_labels} labels")
         if not isinstance(query, str):
@@ -273,8 +296,11 @@ class Scorer:
         if isinstance(documents, (str, bytes)) or not hasattr(documents, "__iter__"):
             raise TypeError(f"documents must be a list of str, got {type(documents).__name__}")
         documents = list(documents)
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)):
-            raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
+        if top_k is not None:
+            if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+                raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
+            top_k = int(top_k)
+        _check_flags(return_documents=return_documents)
         scores = self.predict(
             [[query, doc] for doc in documents],
             batch_size=batch_size,
@@ -289,3 +315,43 @@ class Scorer:
             for r in results:
                 r["text"] = documents[r["corpus_id"]]
         return sorted(results, key=lambda r: r["score"], reverse=True)[:top_k]
+
+
+def _check_flags(**flags) -> None:
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _unexpected(method: str, names) -> TypeError:
+    return TypeError(f"{method}() got unexpected keyword argument(s) {sorted(names)}")
+
+
+def _old_predict_names(pairs, activation_fn, old: dict):
+    """``sentences``, ``activation_fct`` and ``num_workers``: CrossEncoder.predict's names before v5."""
+    unknown = set(old) - {"sentences", "activation_fct", "num_workers"}
+    if unknown:
+        raise _unexpected("predict", unknown)
+    if old:
+        hints = {"sentences": "use pairs=", "activation_fct": "use activation_fn=", "num_workers": "ignored"}
+        warnings.warn("predict() took old sentence-transformers names: "
+                      + ", ".join(f"{name} ({hints[name]})" for name in old), FutureWarning, stacklevel=3)
+    if "sentences" in old:
+        if pairs is not None:
+            raise TypeError("predict() got both pairs and sentences; pass pairs alone")
+        pairs = old["sentences"]
+    if "activation_fct" in old:
+        if activation_fn is not None:
+            raise TypeError("predict() got both activation_fn and activation_fct; pass activation_fn alone")
+        activation_fn = old["activation_fct"]
+    if pairs is None:
+        raise TypeError("predict() needs pairs: a (text_1, text_2) pair or a list of them")
+    return pairs, activation_fn
+
+
+def _ignore_old_rank_names(old: dict) -> None:
+    unknown = set(old) - {"apply_softmax", "convert_to_numpy", "convert_to_tensor"}
+    if unknown:
+        raise _unexpected("rank", unknown)
+    if old:
+        warnings.warn(f"rank() ignores {sorted(old)}, as sentence-transformers v6 does", FutureWarning, stacklevel=3)

@@ -55,6 +55,12 @@ class PairTokenizer:
         if save.do_lower_case:
             self._force_lowercase()
         self.max_length = int(self.tokenizer.model_max_length)
+        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        if self.max_length < specials:  # the tokenizer would not truncate at all, and pairs would run long
+            raise ValueError(
+                f"max_length={self.max_length} cannot hold the {specials} special tokens of a pair; "
+                f"pass max_length>={specials}"
+            )
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
 
     def _force_lowercase(self) -> None:

@@ -75,9 +75,10 @@ def load_pairs(path) -> list[tuple[str, str]]:
     - ``.jsonl``: one JSON object per line with a query field (``query``, ``text_1``, ``question`` or
       ``sentence1``) and a passage field (``passage``, ``document``, ``text_2``, ``doc``, ``text`` or
       ``sentence2``), or a two-element list ``[query, passage]``.
-    - ``.tsv`` / ``.csv``: a header naming those fields, or no header and exactly two columns.
+    - ``.tsv`` / ``.csv``: a header naming those fields, or no header and exactly two columns. A ``.tsv``
+      is read as MS MARCO's files are written: quotes are text, not quoting. A ``.csv`` follows csv quoting.
 
-    Every pair must be two strings; anything else is a ValueError naming the line.
+    A UTF-8 byte-order mark is skipped. Every pair must be two strings; anything else is a ValueError naming the line.
     """
     import csv
     import json
@@ -88,7 +89,7 @@ def load_pairs(path) -> list[tuple[str, str]]:
     if suffix not in (".jsonl", ".tsv", ".csv"):
         raise ValueError(f"{path}: expected a .jsonl, .tsv or .csv file, got {suffix or 'no suffix'!r}")
     pairs: list[tuple[str, str]] = []
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding="utf-8-sig", newline="") as f:
         if suffix == ".jsonl":
             for n, line in enumerate(f, 1):
                 if not line.strip():
@@ -109,7 +110,8 @@ def load_pairs(path) -> list[tuple[str, str]]:
                     )
                 pairs.append((pair[0], pair[1]))
         else:
-            rows = list(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","))
+            options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {"delimiter": ","}
+            rows = list(csv.reader(f, **options))
             header = [c.strip().lower() for c in rows[0]] if rows else []
             named = any(c in header for c in QUERY_COLUMNS) and any(c in header for c in PASSAGE_COLUMNS)
             for n, row in enumerate(rows[1:] if named else rows, 2 if named else 1):

@@ -1,0 +1,39 @@
+"""``xenc-lab demo``, the quick start's main job, and how the command line answers bad input."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from xenc_lab.cli import DEMO_PAIRS, main
+
+
+def test_demo_scores_the_pairs_beside_the_oracle_and_reports_a_ratio(tiny_dir, capsys):
+    assert main(["demo", "--model", str(tiny_dir), "--device", "cpu", "--pairs", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "Scorer(model=" in out and all(q[:20] in out for q, _ in DEMO_PAIRS)
+    assert re.search(r"xenc_lab [\d.]+ pairs/s, sentence-transformers [\d.]+ pairs/s, ratio [\d.]+x", out)
+    worst = float(re.search(r"max \|delta\| over the table: (\S+)", out).group(1))
+    assert worst < 1e-4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--pairs", "0"], "expected a positive integer, got 0"),
+    (["bench", "--repeats", "0"], "expected a positive integer, got 0"),
+    (["demo", "--model", "/no/such/model-dir"], "xenc-lab demo: error: '/no/such/model-dir' is neither"),
+    (["demo", "--device", "tpu"], "xenc-lab demo: error: device must be"),
+], ids=["demo-pairs", "bench-repeats", "demo-model", "demo-device"])
+def test_bad_arguments_get_a_one_line_error_not_a_traceback(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA GPU is visible")
+def test_demo_on_cuda_without_a_gpu_says_so(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--device", "cuda"])
+    assert "torch sees no CUDA GPU here" in capsys.readouterr().err
