@@ -356,3 +356,9 @@ def test_predict_refuses_non_bool_flags_and_a_0d_array(counted):
     with pytest.raises(TypeError, match="0-d array"):
         scorer.predict(np.array("ab"))
     assert spy.calls == 0
+
+
+@pytest.mark.parametrize("activation", [lambda t: t.numpy(), lambda t: t.tolist()], ids=["numpy", "list"])
+def test_an_activation_that_returns_no_tensor_is_a_typeerror(scorer, activation):
+    with pytest.raises(TypeError, match="activation_fn must map the logits tensor to a torch.Tensor, got"):
+        scorer.predict([("a", "b"), ("c", "d")], activation_fn=activation)

@@ -54,6 +54,8 @@ def default_activation(config: PretrainedConfig, save: CrossEncoderSave, trust_r
 def to_scores(logits: torch.Tensor, activation: Callable, apply_softmax: bool) -> torch.Tensor:
     """(N, num_labels) logits -> (N,) scores for one label, else (N, num_labels)."""
     scores = activation(logits.float())
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"activation_fn must map the logits tensor to a torch.Tensor, got {type(scores).__name__}")
     if scores.ndim > 1 and scores.shape[-1] == 1:
         scores = scores.squeeze(-1)
     if apply_softmax and scores.ndim > 1:
