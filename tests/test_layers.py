@@ -27,13 +27,40 @@ from .test_batch import encodings
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(autouse=True, params=["kernel", "sdpa"])
+def varlen_attn_on_the_cpu(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None):
+    """torch's CUDA-only varlen_attn as a CPU stand-in, with what flash attention asks of its inputs. Like the
+    kernel, it computes no query row past ``max_q`` in a sequence: those rows come back NaN here."""
+    assert q.dim() == k.dim() == v.dim() == 3 and q.shape[1:] == k.shape[1:] == v.shape[1:], (q.shape, k.shape)
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "the head dimension must be contiguous"
+    assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape, (cu_q.dtype, cu_q.shape, cu_k.shape)
+    assert cu_q[0] == cu_k[0] == 0 and cu_q[-1] == q.shape[0] and cu_k[-1] == k.shape[0], "cu_seqlens must cover the rows"
+    assert isinstance(max_q, int) and isinstance(max_k, int)
+    out = torch.full_like(q, float("nan"))
+    for b in range(cu_q.shape[0] - 1):
+        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        if qe == qs:
+            continue
+        rows = min(qe - qs, max_q)
+        if ke == ks:  # no keys: flash attention writes zeros
+            out[qs : qs + rows] = 0
+            continue
+        qh, kh, vh = q[qs : qs + rows].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1)
+        out[qs : qs + rows] = F.scaled_dot_product_attention(qh, kh, vh, scale=scale).transpose(0, 1)
+    return out
+
+
+@pytest.fixture(autouse=True, params=["kernel", "sdpa", "varlen"])
 def attention_path(request, monkeypatch):
-    """Every test runs on the CPU kernel and on the SDPA fallback (what runs where it cannot be built)."""
+    """Every test runs on the CPU kernel, on the SDPA fallback (what runs where it cannot be built), and through
+    the CUDA path's varlen glue with a CPU stand-in for flash attention's varlen kernel."""
     if request.param == "kernel" and not kernels._available():
         pytest.skip("the CPU attention kernel could not be built here")
-    if request.param == "sdpa":
+    if request.param in ("sdpa", "varlen"):
         monkeypatch.setattr("xenc_lab.layers.packed_attention_cpu", lambda *args, **kwargs: None)
+    if request.param == "varlen":
+        monkeypatch.setattr("xenc_lab.layers._varlen_attn", varlen_attn_on_the_cpu)
+        monkeypatch.setattr("xenc_lab.layers._VARLEN_TAKES_SCALE", True)
+        monkeypatch.setattr("xenc_lab.layers._use_varlen", lambda x, window, scale, head_dim: window is None)
     return request.param
 
 
@@ -257,3 +284,4 @@ def test_bf16_products_as_fp32_gemms_give_the_bf16_gemms_numbers(bias):
 def test_fp32_layers_ignore_products_in_fp32():
     linear = torch.nn.Linear(8, 4).requires_grad_(False)
     assert PrepackedLinear(linear, products_in_fp32=True).products_in_fp32 is False
+

@@ -6,6 +6,7 @@ layer needs no other query, and skipping them is exact.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import platform
 import weakref
@@ -52,12 +53,26 @@ except ImportError:  # pragma: no cover
     _varlen_attn = None
 
 
-def _use_varlen(x: torch.Tensor, window: int | None) -> bool:
-    return window is None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and _varlen_attn is not None
+# torch 2.9 and 2.10's varlen_attn take no scale: there it is always 1 / sqrt(head dim).
+_VARLEN_TAKES_SCALE = _varlen_attn is not None and "scale" in inspect.signature(_varlen_attn).parameters
+
+
+def _use_varlen(x: torch.Tensor, window: int | None, scale: float | None, head_dim: int) -> bool:
+    if _varlen_attn is None or window is not None or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return scale is None or _VARLEN_TAKES_SCALE or scale == head_dim**-0.5
+
+
+def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None) -> torch.Tensor:
+    if scale is not None and _VARLEN_TAKES_SCALE:
+        return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale)
+    return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k)  # the default scale (``_use_varlen`` checked)
 
 
 def _cu_with_filler(cu: torch.Tensor, total: int) -> torch.Tensor:
-    """cu_seqlens with the stream's filler tail as one more sequence, so every row is defined."""
+    """cu_seqlens with the stream's filler tail as one more sequence, so that cu_seqlens covers every row. Where
+    the tail is longer than max_seqlen (a bucket-shaped batch), flash attention leaves its rows past max_seqlen
+    unwritten: they belong to no pair, and every later op is row-wise, so no pair reads them."""
     return torch.cat([cu, cu.new_full((1,), total)])
 
 
@@ -95,10 +110,10 @@ def packed_attention(
         out = packed_attention_cpu(q, k, v, batch.cu_seqlens, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
             return out
-    if _use_varlen(qkv, window):
+    if _use_varlen(qkv, window, scale, dh):
         q, k, v = qkv.view(T, 3, num_heads, dh).unbind(1)  # (T, H, dh) each
         cu = _cu_with_filler(batch.cu_seqlens, T)
-        out = _varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale=scale)
+        out = _varlen(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale)
         return out.reshape(T, d)
     B, L = batch.seq_lens.shape[0], batch.max_seqlen
     q, k, v = to_padded(qkv, batch).view(B, L, 3, num_heads, dh).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
@@ -123,10 +138,10 @@ def first_token_attention(
         out = packed_attention_cpu(q, k, v, batch.cu_first, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
             return out
-    if _use_varlen(q, window):
+    if _use_varlen(q, window, scale, dh):
         cu_q, cu_k = _cu_with_filler(batch.cu_first, B), _cu_with_filler(batch.cu_seqlens, T)
         k, v = kv.view(T, 2, num_heads, dh).unbind(1)
-        out = _varlen_attn(q.view(B, num_heads, dh), k, v, cu_q, cu_k, 1, batch.max_seqlen, scale=scale)
+        out = _varlen(q.view(B, num_heads, dh), k, v, cu_q, cu_k, 1, batch.max_seqlen, scale)
         return out.reshape(B, d)
     L = batch.max_seqlen
     k, v = to_padded(kv, batch).view(B, L, 2, num_heads, dh).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
