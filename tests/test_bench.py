@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -31,6 +32,9 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert "moved between two identical calls" not in text and "compile=True" not in text
     assert "native bf16" not in text
+    record = json.loads((tmp_path / "throughput.json").read_text())
+    assert record["command"] == "xenc-lab bench" and record["machine"] == bench.machine()
+    assert [bench.BenchRow(**r) for r in record["rows"]] == rows
 
 
 def test_report_says_when_bf16_products_run_as_fp32_gemms_here(tmp_path):

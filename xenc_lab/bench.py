@@ -7,6 +7,7 @@ against a GEMM rate measured on the spot at the model's own shapes (the ceiling)
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -311,7 +312,8 @@ def machine(device: str | torch.device = "cpu") -> str:
 
 
 def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
-    """reports/throughput.md and reports/throughput.png from benchmark rows."""
+    """reports/throughput.md and reports/throughput.png from benchmark rows, and the rows themselves with the
+    machine and the command in reports/throughput.json (for comparing runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -378,6 +380,8 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
         lines += ["", notes]
     lines += ["", "![pairs/s by mode and workload](throughput.png)", ""]
     (out_dir / "throughput.md").write_text("\n".join(lines))
+    record = {"machine": machine(devices[0]), "command": command, "notes": notes, "rows": as_dicts(rows)}
+    (out_dir / "throughput.json").write_text(json.dumps(record, indent=1) + "\n")
 
     modes = sorted({(r.dtype, r.engine) for r in rows})
     workloads = list(dict.fromkeys(r.workload for r in rows))
@@ -402,7 +406,6 @@ def peak_memory_mb(
     """Peak memory (MB) of a fresh process that scores ``n_pairs`` pairs on ``device``, input included:
     resident memory after loading the model and scoring 16 pairs (``loaded_rss``) and at the end
     (``peak_rss``); on CUDA also the most GPU memory torch held at once (``peak_gpu``)."""
-    import json
     import subprocess
     import sys
 
