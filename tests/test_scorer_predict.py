@@ -197,10 +197,11 @@ def test_predict_rejects_a_pair_of_the_wrong_length_with_valueerror(counted, pai
     assert spy.calls == 0
 
 
-@pytest.mark.parametrize("batch_size", [0, -3, 2.0, True], ids=["zero", "negative", "float", "bool"])
-def test_predict_rejects_a_batch_size_that_is_not_a_positive_int(counted, batch_size):
+@pytest.mark.parametrize("batch_size, error", [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)],
+                         ids=["zero", "negative", "float", "bool"])
+def test_predict_rejects_a_batch_size_that_is_not_a_positive_int(counted, batch_size, error):
     scorer, spy = counted
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(error, match="batch_size must be an int >= 1 or None, got"):
         scorer.predict([("a", "b")], batch_size=batch_size)
     assert spy.calls == 0
 
@@ -239,9 +240,9 @@ def test_scorer_with_the_smallest_budget_still_scores_like_the_oracle(tiny_dir, 
     np.testing.assert_allclose(small.predict(pairs), oracle.predict(pairs), rtol=0, atol=ATOL)
 
 
-@pytest.mark.parametrize("page_size", [0, -16, 2.5], ids=str)
-def test_scorer_rejects_a_page_size_that_is_not_a_positive_int(tiny_dir, page_size):
-    with pytest.raises(ValueError, match="page_size"):
+@pytest.mark.parametrize("page_size, error", [(0, ValueError), (-16, ValueError), (2.5, TypeError)], ids=str)
+def test_scorer_rejects_a_page_size_that_is_not_a_positive_int(tiny_dir, page_size, error):
+    with pytest.raises(error, match="page_size must be an int >= 1, got"):
         Scorer(tiny_dir, device="cpu", page_size=page_size)
 
 

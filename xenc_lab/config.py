@@ -51,7 +51,7 @@ def whole_number(name: str, value, minimum: int = 1, optional: bool = False) -> 
     """``value`` as a Python int of at least ``minimum``: any integer type (NumPy's too), never a bool."""
     expected = f"an int >= {minimum}" + (" or None" if optional else "")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return int(value)
