@@ -177,12 +177,15 @@ class Scorer:
         show_progress_bar: bool | None = None,
         prompt: str | None = None,
     ) -> torch.Tensor:
-        """(N, num_labels) fp32 logits, in the caller's order. ``prompt`` is prepended to each text_1."""
+        """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1.
+
+        The logits gather on the model's device and come back in one copy at the end: on CUDA the host packs the
+        next batch while the GPU runs this one (a copy back per batch would wait for each)."""
         text_1, text_2 = _split_pairs(list(pairs))
         if prompt:
             text_1 = [prompt + t for t in text_1]
         n = len(text_1)
-        out = torch.empty(n, self.num_labels, dtype=torch.float32)
+        out = torch.empty(n, self.num_labels, dtype=torch.float32, device=self.device)
         if show_progress_bar is None:
             show_progress_bar = n >= 2048
         cfg = self.config
@@ -194,10 +197,10 @@ class Scorer:
                         lens = enc.lengths[pairs_idx]
                         shape = bucket_shape(int(lens.sum()), len(pairs_idx), int(lens.max()), cfg.page_size, cfg.pages_per_batch)
                     batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id, shape)
-                    logits = self.runner(batch).float().cpu()
-                    out[torch.from_numpy(pairs_idx + start)] = logits
+                    rows = torch.from_numpy(pairs_idx + start).to(self.device, non_blocking=True)
+                    out[rows] = self.runner(batch).float()  # queued before a CUDA graph's next replay reuses it
                     bar.update(len(pairs_idx))
-        return out
+        return out.cpu()
 
     def predict(
         self,
