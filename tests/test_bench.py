@@ -149,7 +149,7 @@ def test_bench_takes_one_workload_given_alone(tiny_dir):
 def test_cli_bench_on_cuda_without_a_gpu_says_so(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--device", "cuda"])
-    assert "--device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
+    assert "xenc-lab bench: error: device 'cuda' was asked for, but torch sees no CUDA GPU here" in capsys.readouterr().err
 
 
 def test_a_cuda_report_names_the_gpu_and_keeps_to_one_device(tmp_path, monkeypatch):

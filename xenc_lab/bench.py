@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import resolve_device, whole_number
+from .config import DTYPES, resolve_device, whole_number
 from .cpuinfo import cpu_info
 from .layers import PrepackedLinear, bf16_products_in_fp32
 from .tuning import attention_rates, cpu_attention_in_kernel
@@ -113,18 +113,15 @@ def cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-BENCH_DTYPES = ("float32", "bfloat16", "float16")
-
-
 def _check_run(device, dtypes, repeats, n_pairs) -> tuple[torch.device, list[str]]:
     """The device and dtypes of a run, and its counts, checked before anything is loaded or timed."""
     device = resolve_device(device)
     if isinstance(dtypes, str):
         dtypes = [dtypes]
     dtypes = list(dtypes)
-    unknown = [d for d in dtypes if d not in BENCH_DTYPES]
+    unknown = [d for d in dtypes if d not in DTYPES]
     if not dtypes or unknown:
-        raise ValueError(f"dtypes must be a non-empty list of {BENCH_DTYPES}, got {dtypes!r}")
+        raise ValueError(f"dtypes must be a non-empty list of {tuple(DTYPES)}, got {dtypes!r}")
     whole_number("repeats", repeats)
     whole_number("n_pairs", n_pairs)
     return device, dtypes

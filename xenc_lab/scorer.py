@@ -103,7 +103,7 @@ class Scorer:
                 f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={self.tokenizer.max_length} "
                 f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
             )
-        self.device = torch.device(self.config.device)
+        self.device = device
         model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
         self.runner = ModelRunner(model, self.device, compile)
         if self.device.type == "cpu":
