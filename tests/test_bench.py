@@ -52,6 +52,9 @@ def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
                          attention_path="kernel", kernel_attention_gflops=190.4, sdpa_attention_gflops=45.2)
     text = bench.write_report([row], tmp_path, "xenc-lab bench").read_text()
     assert "long bfloat16: kernel 190, SDPA 45 (ran: kernel)" in text
+    row.tiles_attention_gflops, row.attention_path = 420.7, "tiles"  # where the tile path runs
+    text = bench.write_report([row], tmp_path, "xenc-lab bench").read_text()
+    assert "long bfloat16: kernel 190, tiles 421, SDPA 45 (ran: tiles)" in text
 
 
 def test_gemm_rate_measures_either_bf16_path():

@@ -19,7 +19,7 @@ import torch
 from .config import DTYPES, resolve_device, whole_number
 from .cpuinfo import cpu_info
 from .layers import PrepackedLinear, bf16_products_in_fp32
-from .tuning import attention_rates, cpu_attention_in_kernel
+from .tuning import attention_rates, cpu_attention_path
 from .workloads import make_pairs
 
 
@@ -41,9 +41,10 @@ class BenchRow:
     batch_shapes: int = 0  # distinct (tokens, sequences, attention length) batch shapes they ran
     compile_seconds: float = 0.0  # time of the calls that compiled a graph
     native_bf16_gflops: float = 0.0  # where xenc_lab runs bf16 products as fp32 GEMMs: oneDNN's native bf16 rate
-    attention_path: str = ""  # xenc_lab rows: where its CPU attention ran ("kernel" or "sdpa")
+    attention_path: str = ""  # xenc_lab rows: where its CPU attention ran ("kernel", "tiles" or "sdpa")
     kernel_attention_gflops: float = 0.0  # attention alone at the model's head shapes and the workload's mean length:
-    sdpa_attention_gflops: float = 0.0  # xenc_lab's kernel and torch's SDPA (pairs laid out with a key mask)
+    sdpa_attention_gflops: float = 0.0  # xenc_lab's kernel and torch's SDPA (pairs laid out with a key mask),
+    tiles_attention_gflops: float = 0.0  # and the kernel's tile path where it runs (bf16/fp16; 0: not measured)
     device: str = "cpu"  # where both engines ran ("cpu" or "cuda")
 
 
@@ -224,8 +225,9 @@ def run(
             if on_cpu and not ours["xenc_lab"].architecture.startswith("DebertaV2"):
                 heads, head_dim = attention_heads(config)
                 attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
-                in_kernel = "kernel" in attention and cpu_attention_in_kernel(torch_dtype, heads, head_dim)
-                attention_path = "kernel" if in_kernel else "sdpa"
+                attention_path = cpu_attention_path(torch_dtype, heads, head_dim)
+                if attention_path not in attention:  # forced where it does not run: what runs instead
+                    attention_path = "kernel" if attention_path == "tiles" and "kernel" in attention else "sdpa"
                 log(f"{workload} {dtype}: attention alone, GFLOP/s: "
                     + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {attention_path}")
             first = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
@@ -265,6 +267,7 @@ def run(
                     row.attention_path = attention_path
                     row.kernel_attention_gflops = attention.get("kernel", 0.0)
                     row.sdpa_attention_gflops = attention["sdpa"]
+                    row.tiles_attention_gflops = attention.get("tiles", 0.0)
                 if name in ours and ours[name].config.compile:
                     runner = ours[name].runner
                     row.compiled_graphs, row.batch_shapes, row.compile_seconds = runner.graphs, len(runner.shapes), runner.compile_seconds
@@ -355,11 +358,13 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     if attention:
         lines += ["", "Attention alone at the model's head shapes, on 4096-token batches of pairs of the workload's mean "
                   "length, GFLOP/s: " + "; ".join(
-                      f"{w} {dt}: kernel {r.kernel_attention_gflops:.0f}, SDPA {r.sdpa_attention_gflops:.0f} "
-                      f"(ran: {r.attention_path})" for (w, dt), r in attention.items()) + ". "
+                      f"{w} {dt}: kernel {r.kernel_attention_gflops:.0f}, "
+                      + (f"tiles {r.tiles_attention_gflops:.0f}, " if r.tiles_attention_gflops else "")
+                      + f"SDPA {r.sdpa_attention_gflops:.0f} (ran: {r.attention_path})" for (w, dt), r in attention.items()) + ". "
                   "xenc_lab's kernel reads the packed stream in place; SDPA's time includes laying the pairs out and back. "
-                  "The kernel runs but where the CPU has AMX for the dtype and SDPA measured faster there at the model's "
-                  "head shapes (`XENC_LAB_CPU_ATTENTION` forces either)."]
+                  "Where the CPU has AMX for the dtype, the kernel's tile path (Q K^T and P V as oneDNN GEMMs on AMX "
+                  "tiles) and SDPA are measured against the kernel at the model's head shapes and the fastest runs; "
+                  "elsewhere the kernel (`XENC_LAB_CPU_ATTENTION` forces one)."]
     drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
     if drifted:
         lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "

@@ -74,6 +74,10 @@ def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale
     return q.new_empty(q.shape)
 
 
+_TILE_DTYPES = (torch.bfloat16, torch.float16)
+_tiles: dict[torch.dtype, bool] = {}  # whether the tile path runs here, by dtype; filled on first ask
+
+
 def _ninja_on_path() -> None:
     """torch runs ``ninja`` from PATH; a virtual environment's own ninja (the PyPI package) is not on it unless
     the environment is activated, so put it there."""
@@ -132,6 +136,7 @@ def _build() -> bool:
             _compile_into(library, cflags, ldflags)
         # Shapes for tracing (torch.compile, meta tensors): the output is q-shaped, whatever the data.
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
+        torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
         logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", _reason(e))
@@ -169,6 +174,43 @@ def load() -> bool:
     return _available()
 
 
+@torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
+def tiles_available(dtype: torch.dtype) -> bool:
+    """Whether the kernel's tile path runs here at ``dtype`` (bfloat16 or float16).
+
+    The tile path computes Q K^T and P V as oneDNN batch-reduce GEMMs through ATen (``at::native::cpublas::brgemm``),
+    on AMX tiles where the CPU has them for the dtype. It needs an AVX-512 build, a torch whose oneDNN takes the
+    dtype on this CPU, and the B layout oneDNN expects for it here to be the VNNI pairs the path packs: that is
+    checked, not assumed, by a small problem computed both ways and compared with the kernel, once per process and
+    dtype (oneDNN's float16 GEMMs, for one, expect another layout on CPUs without AMX-FP16)."""
+    if dtype not in _TILE_DTYPES or not _available() or not torch.ops.xenc_lab.tiles_built():
+        return False
+    if dtype not in _tiles:
+        with _lock:
+            if dtype not in _tiles:
+                _tiles[dtype] = _tiles_check(dtype)
+    return _tiles[dtype]
+
+
+def _tiles_check(dtype: torch.dtype) -> bool:
+    """The tile path against the kernel on three sequences (a lone query, a partial key tile, two query blocks)."""
+    cu = torch.tensor([0, 1, 46, 116], dtype=torch.int32)
+    qkv = torch.randn(116, 3 * 64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    q, k, v = qkv.split(64, dim=1)
+    try:
+        out = torch.ops.xenc_lab.packed_attention_tiles(q, k, v, cu, cu, 2, 0.3, -1).float()
+    except RuntimeError as e:
+        logger.info("xenc_lab's tile attention does not run here in %s (%s)", dtype, _reason(e))
+        return False
+    expected = torch.ops.xenc_lab.packed_attention(q, k, v, cu, cu, 2, 0.3, -1).float()
+    error = ((out - expected).abs() / (1 + expected.abs())).max().item()
+    if not error <= 8 * torch.finfo(dtype).eps:  # the rounding of P and of the output, with room; NaN fails
+        logger.info("xenc_lab's tile attention is off by %.3g in %s here (oneDNN expects another layout); "
+                    "using the kernel", error, dtype)
+        return False
+    return True
+
+
 def packed_attention_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -178,6 +220,7 @@ def packed_attention_cpu(
     num_heads: int,
     scale: float | None,
     window: int | None = None,
+    tiles: bool = False,
 ) -> torch.Tensor | None:
     """softmax(q k^T * scale) v per sequence and head, on a packed token stream; None without the kernel.
 
@@ -188,6 +231,10 @@ def packed_attention_cpu(
     ``window``, key j is visible from query i iff |i - j| <= window // 2. ``scale`` None means head_dim ** -0.5.
     Returns (Tq, H * dh) contiguous, q's dtype; rows of q outside every sequence come back as zeros.
     Everything but the inputs and the output is computed in float32.
+
+    ``tiles``: in bfloat16 and float16, compute the two products with the tile path (``tiles_available``), where
+    it runs here (else the kernel computes as usual). There the softmax numerators are rounded to the input type
+    before they weight the values, as in torch's flash attention; the sums that divide them stay float32.
     """
     if not _available():
         return None
@@ -195,6 +242,7 @@ def packed_attention_cpu(
         raise ValueError(f"window must be >= 0 or None, got {window}")
     if scale is None:
         scale = (q.shape[-1] // num_heads) ** -0.5
-    return torch.ops.xenc_lab.packed_attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, float(scale), -1 if window is None else int(window)
-    )
+    op = torch.ops.xenc_lab.packed_attention
+    if tiles and tiles_available(q.dtype):
+        op = torch.ops.xenc_lab.packed_attention_tiles
+    return op(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, float(scale), -1 if window is None else int(window))

@@ -19,7 +19,7 @@ from .batch import PackedBatch
 from .config import env_choice
 from .cpuinfo import cpu_info
 from .kernels import packed_attention_cpu
-from .tuning import cpu_attention_in_kernel
+from .tuning import PATHS, cpu_attention_path
 
 
 def to_padded(x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -96,18 +96,20 @@ def packed_attention(
     """Scaled dot-product attention within each pair: (T, 3 * d) -> (T, d). Never crosses a pair boundary.
 
     ``window``: keys farther than window // 2 from the query are masked (sliding-window layers).
-    On the CPU, attention runs on the packed stream itself in xenc_lab's kernel (``kernels``), unless
-    ``tuning`` finds SDPA faster (CPUs with AMX); on CUDA in half precision, in the flash varlen kernel.
-    Elsewhere, or where the kernel could not be built, the stream is laid out per pair and fused SDPA runs
-    with a key mask. ``cpu_path`` ("kernel" or "sdpa") overrides the CPU's choice (benchmarks compare them).
+    On the CPU, attention runs on the packed stream itself in xenc_lab's kernel (``kernels``), or its tile
+    path, or SDPA, as ``tuning`` chooses (the kernel but on CPUs with AMX); on CUDA in half precision, in the
+    flash varlen kernel. Elsewhere, or where the kernel could not be built, the stream is laid out per pair and
+    fused SDPA runs with a key mask. ``cpu_path`` ("kernel", "tiles" or "sdpa") overrides the CPU's choice
+    (benchmarks compare them).
     """
     T, d = qkv.shape[0], qkv.shape[-1] // 3
     dh = d // num_heads
-    if cpu_path not in (None, "kernel", "sdpa"):
-        raise ValueError(f"cpu_path must be None, 'kernel' or 'sdpa', got {cpu_path!r}")
-    if qkv.device.type == "cpu" and (cpu_path == "kernel" if cpu_path else cpu_attention_in_kernel(qkv.dtype, num_heads, dh)):
+    if cpu_path is not None and cpu_path not in PATHS:
+        raise ValueError(f"cpu_path must be None or one of {', '.join(PATHS)}, got {cpu_path!r}")
+    path = "" if qkv.device.type != "cpu" else cpu_path or cpu_attention_path(qkv.dtype, num_heads, dh)
+    if path in ("kernel", "tiles"):
         q, k, v = qkv.split(d, dim=-1)  # strided views: the kernel reads them in place
-        out = packed_attention_cpu(q, k, v, batch.cu_seqlens, batch.cu_seqlens, num_heads, scale, window)
+        out = packed_attention_cpu(q, k, v, batch.cu_seqlens, batch.cu_seqlens, num_heads, scale, window, path == "tiles")
         if out is not None:
             return out
     if _use_varlen(qkv, window, scale, dh):
@@ -133,7 +135,9 @@ def first_token_attention(
     """Attention of each pair's first token over the pair: q (B, d), kv (T, 2 * d) -> (B, d)."""
     B, d = q.shape
     T, dh = kv.shape[0], d // num_heads
-    if q.device.type == "cpu" and cpu_attention_in_kernel(q.dtype, num_heads, dh):
+    # One query per pair: the tile path's GEMMs would run 32 query rows for it, so its choice means the kernel here.
+    path = cpu_attention_path(q.dtype, num_heads, dh) if q.device.type == "cpu" else ""
+    if path in ("kernel", "tiles"):
         k, v = kv.split(d, dim=-1)
         out = packed_attention_cpu(q, k, v, batch.cu_first, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:

@@ -1,17 +1,21 @@
-"""Where CPU attention runs: xenc_lab's kernel, or torch's SDPA, chosen by measurement where it is in doubt.
+"""Where CPU attention runs: xenc_lab's kernel, its tile path, or torch's SDPA, chosen by measurement where it is
+in doubt.
 
 The kernel (``kernels``) computes with AVX-512 (or portable-vector) fp32 FMAs whatever the dtype, on the packed
-stream in place. torch's SDPA needs the pairs laid out as padded sequences (a gather there and back), but on a
-CPU with AMX for the dtype (flag ``amx_bf16`` for bfloat16, ``amx_fp16`` for float16) it computes Q K^T and P V
-with AMX tiles (oneDNN brgemm), whose peak is 16 times the FMAs' per core. Which is faster there depends on the
-head shapes, so it is measured, once per kind of CPU, torch version, dtype, head shape and thread count, and the
-answer is kept on disk beside the kernel build: a machine takes the same path in every run. Float32, and CPUs without AMX, run
-the kernel (it measured 2-4x faster than SDPA there, MiniLM's heads, 91-508 tokens per pair).
-``XENC_LAB_CPU_ATTENTION=kernel`` or ``=sdpa`` forces one path everywhere.
+stream in place. In bfloat16 and float16, its tile path computes Q K^T and P V as oneDNN batch-reduce GEMMs, on
+AMX tiles where the CPU has them for the dtype (flag ``amx_bf16`` for bfloat16, ``amx_fp16`` for float16; it
+runs elsewhere too, on AVX-512 dot products, slower than the kernel). torch's SDPA needs the pairs laid out as
+padded sequences (a gather there and back), and with AMX it too computes its products with tiles. On a CPU with
+AMX for the dtype, which path is fastest depends on the head shapes, so it is measured, once per kind of CPU,
+torch version, dtype, head shape and thread count, and the answer is kept on disk beside the kernel build: a
+machine takes the same path in every run. Float32, and CPUs without AMX, run the kernel (it measured 2-4x
+faster than SDPA there, MiniLM's heads, 91-508 tokens per pair, and 1.5-1.7x faster than the tile path on
+AVX-512 dot products). ``XENC_LAB_CPU_ATTENTION=kernel``, ``=tiles`` or ``=sdpa`` forces one path everywhere
+(``tiles`` runs the kernel where the tile path does not run).
 
-The kernel's result for a pair is bitwise independent of its batchmates. SDPA's, in half precision, is not quite:
-it can move by a rounding step of the dtype with the batch's padded length (as sentence-transformers' does). Where
-that matters more than speed, force the kernel.
+The kernel's and the tile path's result for a pair is bitwise independent of its batchmates. SDPA's, in half
+precision, is not quite: it can move by a rounding step of the dtype with the batch's padded length (as
+sentence-transformers' does). Where that matters more than speed, force the kernel.
 """
 from __future__ import annotations
 
@@ -36,19 +40,23 @@ AMX_FLAG = {torch.bfloat16: "amx_bf16", torch.float16: "amx_fp16"}
 TUNING_LENGTHS = (128, 384)  # tokens per pair at which the two paths are timed (together)
 
 _lock = threading.Lock()
-_choices: dict[str, bool] = {}  # this process's answers, by key
+_choices: dict[str, str] = {}  # this process's answers (path names), by key
+
+
+PATHS = ("kernel", "tiles", "sdpa")
 
 
 @torch.compiler.assume_constant_result  # a constant to torch.compile, which calls it once while tracing
-def cpu_attention_in_kernel(dtype: torch.dtype, num_heads: int, head_dim: int) -> bool:
-    """Whether CPU attention at ``dtype`` and this head shape runs in xenc_lab's kernel (else in SDPA; SDPA also
-    runs where the kernel could not be built, whatever this says)."""
-    forced = env_choice("XENC_LAB_CPU_ATTENTION", ("kernel", "sdpa"))
+def cpu_attention_path(dtype: torch.dtype, num_heads: int, head_dim: int) -> str:
+    """Where CPU attention at ``dtype`` and this head shape runs: "kernel", "tiles" (the kernel's tile path) or
+    "sdpa" (SDPA also runs where the kernel could not be built, whatever this says)."""
+    forced = env_choice("XENC_LAB_CPU_ATTENTION", PATHS)
     if forced:
-        return forced == "kernel"
+        return forced
     if dtype not in AMX_FLAG or AMX_FLAG[dtype] not in cpu_info().flags or not kernels.load():
-        return True
-    key = f"{str(dtype).removeprefix('torch.')}-{num_heads}x{head_dim}-{torch.get_num_threads()}threads"
+        return "kernel"
+    paths = candidate_paths(dtype)
+    key = f"{str(dtype).removeprefix('torch.')}-{num_heads}x{head_dim}-{torch.get_num_threads()}threads-{'+'.join(paths)}"
     if key not in _choices:
         with _lock:
             if key not in _choices:
@@ -56,21 +64,28 @@ def cpu_attention_in_kernel(dtype: torch.dtype, num_heads: int, head_dim: int) -
     return _choices[key]
 
 
-def _measured_choice(key: str, dtype: torch.dtype, num_heads: int, head_dim: int) -> bool:
-    """The kernel's seconds against SDPA's at TUNING_LENGTHS, from the disk record or measured now and recorded."""
+def candidate_paths(dtype: torch.dtype) -> list[str]:
+    """The CPU attention paths that run here at ``dtype``."""
+    if not kernels.load():
+        return ["sdpa"]
+    return ["kernel", "tiles", "sdpa"] if kernels.tiles_available(dtype) else ["kernel", "sdpa"]
+
+
+def _measured_choice(key: str, dtype: torch.dtype, num_heads: int, head_dim: int) -> str:
+    """The fastest path's name (seconds at TUNING_LENGTHS), from the disk record or measured now and recorded."""
     record = kernels._build_directory() / "attention-paths.json"
     try:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
         known = {}
-    if key in known:
-        return known[key] == "kernel"
-    seconds = {"kernel": 0.0, "sdpa": 0.0}
-    for n in TUNING_LENGTHS:  # the same math on both paths: its GFLOP over each path's rate
+    if known.get(key) in PATHS:
+        return known[key]
+    seconds: dict[str, float] = {}
+    for n in TUNING_LENGTHS:  # the same math on every path: its GFLOP over each path's rate
         for path, rate in attention_rates(num_heads, head_dim, dtype, n).items():
-            seconds[path] += 4 * num_heads * head_dim * n * n * (4096 // n) / 1e9 / rate
+            seconds[path] = seconds.get(path, 0.0) + 4 * num_heads * head_dim * n * n * (4096 // n) / 1e9 / rate
     path = min(seconds, key=seconds.get)
-    logger.info("CPU attention at %s: kernel %.4f s, SDPA %.4f s; using %s", key, seconds["kernel"], seconds["sdpa"], path)
+    logger.info("CPU attention at %s: %s; using %s", key, ", ".join(f"{p} {s:.4f} s" for p, s in seconds.items()), path)
     try:  # another process may write its own answer meanwhile: the last rename wins, and both are measurements
         known[key] = path
         record.parent.mkdir(parents=True, exist_ok=True)
@@ -79,16 +94,16 @@ def _measured_choice(key: str, dtype: torch.dtype, num_heads: int, head_dim: int
         os.replace(scratch, record)
     except OSError as e:
         logger.warning("could not record the CPU attention choice in %s (%s)", record, e)
-    return path == "kernel"
+    return path
 
 
 def attention_rates(
     num_heads: int, head_dim: int, dtype: torch.dtype, pair_tokens: int, tokens: int = 4096, repeats: int = 10
 ) -> dict[str, float]:
     """GFLOP/s (4 x d x n^2 per pair of n tokens) of attention alone on 4096-token batches of packed pairs of
-    ``pair_tokens`` tokens, by CPU path: {"kernel": ..., "sdpa": ...}, the kernel's only where it was built.
-    SDPA's time includes laying the pairs out and back. The paths run in turn and each keeps its best time, so a
-    busy moment of the machine does not fall on one path alone."""
+    ``pair_tokens`` tokens, by CPU path that runs here (``candidate_paths``): {"kernel": ..., "tiles": ...,
+    "sdpa": ...}. SDPA's time includes laying the pairs out and back. The paths run in turn and each keeps its best
+    time, so a busy moment of the machine does not fall on one path alone."""
     from .layers import packed_attention
 
     d, n = num_heads * head_dim, max(1, int(pair_tokens))
@@ -96,7 +111,7 @@ def attention_rates(
     enc = Encodings(np.ones(count * n, dtype=np.int64), None, np.arange(count + 1, dtype=np.int64) * n)
     batch = pack(enc, np.arange(count), page_size=16)
     qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(0)).to(dtype)
-    paths = ["kernel", "sdpa"] if kernels.load() else ["sdpa"]
+    paths = candidate_paths(dtype)
     best = dict.fromkeys(paths, float("inf"))
     with torch.inference_mode():
         for path in paths:

@@ -55,6 +55,17 @@
 #define XENC_BF16_DOT 0
 #endif
 
+// The tile path needs ATen's batch-reduce GEMM (oneDNN's brgemm ukernel), which runs on AMX tiles where the CPU
+// has them and on AVX-512 dot products elsewhere; without AVX-512 it is not built.
+#if XENC_AVX512 && __has_include(<ATen/native/CPUBlas.h>)
+#include <ATen/native/CPUBlas.h>
+#endif
+#if XENC_AVX512 && defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
+#define XENC_TILES 1
+#else
+#define XENC_TILES 0
+#endif
+
 #if !defined(__GNUC__)
 #error "the xenc_lab kernels need GCC or Clang (vector extensions, __builtin_prefetch)"
 #endif
@@ -526,6 +537,8 @@ class Worker {
   using KeyT = std::conditional_t<kPairedKeys<T>, uint32_t, float>;  // element of the packed K^T and queries
 
  public:
+  static constexpr int64_t kBlock = kRows;  // items split their queries at multiples of this
+
   Worker(const Problem<T>& p, int64_t max_keys)
       : p_(p),
         dh_(p.head_dim),
@@ -739,13 +752,182 @@ class Worker {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
+// The tile path (bf16, fp16): per block of kTileQueries queries, S = Q K^T and O = P V are batch-reduce GEMMs of
+// ATen's cpublas (oneDNN's brgemm ukernel: AMX tiles where the CPU has them, AVX-512 dot products elsewhere), and
+// the softmax between them runs as in the kernel, in fp32. P is rounded to the input type before P V (as torch's
+// flash attention does on the CPU); the sums that divide O are those of the unrounded fp32 numerators.
+// Every GEMM shape depends only on the sequence's own length and the head shape, so a pair's result is bitwise
+// independent of its batchmates and of the thread count, as in the kernel.
+
+#if XENC_TILES
+constexpr int64_t kTileQueries = 32;  // queries per block: two 16-row AMX tiles
+constexpr int64_t kTileKeys = 32;     // keys are padded to a multiple: whole tiles of keys, whole VNNI pairs
+
+template <typename T>
+class TileWorker {
+  static_assert(sizeof(T) == 2, "the tile path takes 16-bit inputs");
+
+ public:
+  static constexpr int64_t kBlock = kTileQueries;
+
+  TileWorker(const Problem<T>& p, int64_t max_keys)
+      : p_(p),
+        dh_(p.head_dim),
+        dh2_(round_up(p.head_dim, 2)),
+        max_keys_(round_up(std::max<int64_t>(max_keys, 1), kTileKeys)),
+        keys_(dh2_ * max_keys_ * 2),
+        values_(max_keys_ * dh_ * 2),
+        queries_(kTileQueries * dh2_ * 2),
+        scores_(kTileQueries * max_keys_ * 4),
+        probs_(kTileQueries * max_keys_ * 2),
+        outs_(kTileQueries * dh_ * 4),
+        scale_log2e_(static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634)) {}
+
+  ~TileWorker() { at::native::cpublas::brgemm_release(true); }  // AMX: hand the tile state back
+
+  void run(const Item& it, const Item*) {
+    if (it.seq != packed_seq_ || it.head != packed_head_) {
+      pack(it.seq, it.head);
+    }
+    for (int64_t i = it.q_begin; i < it.q_end; i += kTileQueries) {
+      block(it, i, std::min<int64_t>(kTileQueries, it.q_end - i));
+    }
+  }
+
+ private:
+  // Keys and values of (seq, head), padded with zero rows to padded_keys_, in the VNNI layout the brgemm takes
+  // for 16-bit B: element (r, c) of a K x N matrix at [r / 2][c][r % 2]. For S = Q K^T, B = K^T (dh2_ x keys):
+  // dword [d / 2][j] holds columns d, d + 1 of key j, a transpose of the keys' dwords. For O = P V, B = V
+  // (keys x dh): dword [j / 2][c] holds column c of keys j and j + 1.
+  void pack(int64_t seq, int64_t head) {
+    const int64_t nk = p_.num_keys(seq);
+    padded_keys_ = round_up(nk, kTileKeys);
+    uint32_t* kt = keys_.as<uint32_t>();
+    for (int64_t k0 = 0; k0 < padded_keys_; k0 += 16) {
+      for (int64_t c0 = 0; c0 < dh_; c0 += 32) {
+        const int64_t cols = std::min<int64_t>(32, dh_ - c0);
+        const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
+        vf r[16];
+        for (int64_t j = 0; j < 16; ++j) {
+          r[j] = k0 + j < nk ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, p_.k_at(seq, k0 + j, head) + c0))
+                             : zeros();
+        }
+        transpose16(r);
+        for (int64_t c = 0; c < (cols + 1) / 2; ++c) {
+          _mm512_storeu_ps(reinterpret_cast<float*>(kt + (c0 / 2 + c) * padded_keys_ + k0), r[c]);
+        }
+      }
+    }
+    uint32_t* vp = values_.as<uint32_t>();
+    for (int64_t j = 0; j < padded_keys_; j += 2) {
+      for (int64_t c0 = 0; c0 < dh_; c0 += 16) {
+        const __mmask16 mask = first_lanes(std::min<int64_t>(16, dh_ - c0));
+        const __m256i a = j < nk ? _mm256_maskz_loadu_epi16(mask, p_.v_at(seq, j, head) + c0) : _mm256_setzero_si256();
+        const __m256i b =
+            j + 1 < nk ? _mm256_maskz_loadu_epi16(mask, p_.v_at(seq, j + 1, head) + c0) : _mm256_setzero_si256();
+        const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+        _mm512_mask_storeu_epi32(vp + (j / 2) * dh_ + c0, mask, pair);
+      }
+    }
+    packed_seq_ = seq;
+    packed_head_ = head;
+  }
+
+  // Queries i0 .. i0 + rows - 1 of the item (rows <= kTileQueries; the GEMMs always run kTileQueries rows, the
+  // rows past `rows` being zero queries whose outputs are not stored).
+  void block(const Item& it, int64_t i0, int64_t rows) {
+    const int64_t nk = p_.num_keys(it.seq);
+    // The block's visible keys, widened to whole tiles: [k_base, k_base + width).
+    const int64_t k_base = p_.key_begin(i0) / kTileKeys * kTileKeys;
+    const int64_t width = std::min(padded_keys_, round_up(p_.key_end(i0 + rows - 1, nk), kTileKeys)) - k_base;
+
+    T* q = queries_.as<T>();
+    for (int64_t r = 0; r < kTileQueries; ++r) {  // a zero column pads an odd head_dim, zero rows the block
+      for (int64_t c0 = 0; c0 < dh2_; c0 += 32) {
+        const int64_t cols = std::min<int64_t>(32, dh2_ - c0), real = r < rows ? std::min<int64_t>(32, dh_ - c0) : 0;
+        const __mmask32 load = static_cast<__mmask32>(real == 32 ? ~0ull : (1ull << real) - 1);
+        const __mmask32 store = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
+        const T* src = p_.q_at(it.seq, i0 + std::min(r, rows - 1), it.head) + c0;
+        _mm512_mask_storeu_epi16(q + r * dh2_ + c0, store, _mm512_maskz_loadu_epi16(load, src));
+      }
+    }
+    float* s = scores_.as<float>();
+    at::native::cpublas::brgemm(kTileQueries, width, dh2_, dh2_, padded_keys_, width, false, q,
+                                keys_.as<T>() + 2 * k_base, s, true);
+
+    // Softmax numerators exp(s - max) over each query's visible keys, rounded into P; zero elsewhere. The max
+    // is taken of the raw scores and scaled once (for a negative scale, the min), and exp2(c s - c max) is one FMA
+    // and the exponential per element: masking touches only the 16-key blocks that straddle [lo, hi).
+    T* probs = probs_.as<T>();
+    float inv_sum[kTileQueries];
+    const bool negative = scale_log2e_ < 0.f;
+    const float inf = std::numeric_limits<float>::infinity();
+    const vf c = splat(scale_log2e_);
+    for (int64_t r = 0; r < kTileQueries; ++r) {
+      T* prow = probs + r * width;
+      if (r >= rows) {
+        std::memset(prow, 0, width * sizeof(T));
+        continue;
+      }
+      const int64_t lo = p_.key_begin(i0 + r) - k_base, hi = p_.key_end(i0 + r, nk) - k_base;
+      const int64_t j_lo = lo / 16 * 16, j_hi = round_up(hi, 16);  // the blocks holding visible keys
+      const float* row = s + r * width;
+      // The extreme raw score: the max, or for a negative scale the min (max of the negated scores).
+      const vf sign = splat(negative ? -1.f : 1.f);
+      vf m = splat(-inf);
+      for (int64_t j = j_lo; j < j_hi; j += 16) {
+        vf x = load(row + j) * sign;
+        if (j < lo || j + 16 > hi) {
+          x = keep_lanes(x, lane_range(lo - j, hi - j), -inf);
+        }
+        m = vmax(m, x);
+      }
+      const vf minus_top = splat(-reduce_max(m) * (negative ? -scale_log2e_ : scale_log2e_));
+      vf sum = zeros();
+      std::memset(prow, 0, j_lo * sizeof(T));
+      for (int64_t j = j_lo; j < j_hi; j += 16) {
+        vf e = exp2_nonpositive(fma(load(row + j), c, minus_top));
+        if (j < lo || j + 16 > hi) {
+          e = keep_lanes(e, lane_range(lo - j, hi - j), 0.f);
+        }
+        store_first(prow + j, e, 16);
+        sum = sum + e;
+      }
+      std::memset(prow + j_hi, 0, (width - j_hi) * sizeof(T));
+      inv_sum[r] = 1.f / reduce_add(sum);
+    }
+
+    float* o = outs_.as<float>();
+    at::native::cpublas::brgemm(kTileQueries, dh_, width, width, dh_, dh_, false, probs,
+                                values_.as<T>() + k_base * dh_, o, true);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* out = p_.out_at(it.seq, i0 + r, it.head);
+      const vf scale = splat(inv_sum[r]);
+      for (int64_t c0 = 0; c0 < dh_; c0 += 16) {
+        const int64_t cols = std::min<int64_t>(16, dh_ - c0);
+        store_first(out + c0, load_first(o + r * dh_ + c0, cols) * scale, cols);
+      }
+    }
+  }
+
+  const Problem<T>& p_;
+  const int64_t dh_, dh2_;   // head_dim, and it rounded up to whole pairs (the K of S = Q K^T)
+  const int64_t max_keys_;   // the longest sequence's keys, padded to kTileKeys
+  Scratch keys_, values_, queries_, scores_, probs_, outs_;
+  const float scale_log2e_;
+  int64_t padded_keys_ = 0;  // the packed sequence's keys, padded to kTileKeys
+  int64_t packed_seq_ = -1, packed_head_ = -1;
+};
+#endif  // XENC_TILES
+
+// ---------------------------------------------------------------------------------------------------------------
 // Scheduling.
 
 // Splits the problem into items and runs them on the intra-op threads, each with a Worker of its own.
 // Sequences go longest first and items are taken from a shared counter, so threads finish together even when
 // lengths vary or another process takes a core. A (sequence, head) is split into query blocks only when there
 // are too few of them to keep every thread busy; a worker reuses its packed keys across consecutive items.
-template <typename T>
+template <typename W, typename T>
 void run_items(const Problem<T>& p) {
   const int64_t num_threads = at::get_num_threads();
   std::vector<int64_t> seqs;
@@ -772,7 +954,7 @@ void run_items(const Problem<T>& p) {
   std::vector<Item> items;
   for (int64_t b : seqs) {
     const int64_t nq = p.num_queries(b);
-    const int64_t block = round_up((nq + splits - 1) / splits, kRows);
+    const int64_t block = round_up((nq + splits - 1) / splits, W::kBlock);
     for (int64_t h = 0; h < p.num_heads; ++h) {
       for (int64_t i = 0; i < nq; i += block) {
         items.push_back({b, h, i, std::min(nq, i + block)});
@@ -784,7 +966,7 @@ void run_items(const Problem<T>& p) {
   const int64_t num_items = static_cast<int64_t>(items.size());
   std::atomic<int64_t> counter{0};
   at::parallel_for(0, std::min(num_threads, num_items), 1, [&](int64_t, int64_t) {
-    Worker<T> worker(p, max_keys);
+    W worker(p, max_keys);
     for (int64_t i = counter.fetch_add(1, std::memory_order_relaxed); i < num_items;) {
       const int64_t next = counter.fetch_add(1, std::memory_order_relaxed);
       worker.run(items[i], next < num_items ? &items[next] : nullptr);
@@ -825,7 +1007,7 @@ void check_operand(const at::Tensor& x, const char* name, const at::Tensor& q) {
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, std::vector<int64_t> cu_q,
-         std::vector<int64_t> cu_k, int64_t num_heads, double scale, int64_t window) {
+         std::vector<int64_t> cu_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
   Problem<T> p{q.const_data_ptr<T>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
                q.stride(0), k.stride(0), v.stride(0), out.stride(0), std::move(cu_q), std::move(cu_k),
                num_heads, q.size(1) / num_heads, static_cast<float>(scale), window < 0 ? -1 : window / 2};
@@ -835,12 +1017,21 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
     std::memset(p.out, 0, p.cu_q.front() * row_bytes);
     std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
   }
-  run_items(p);
+  if constexpr (std::is_same_v<T, float>) {
+    run_items<Worker<T>>(p);
+  } else {
+#if XENC_TILES
+    if (tiles) {
+      run_items<TileWorker<T>>(p);
+      return;
+    }
+#endif
+    run_items<Worker<T>>(p);
+  }
 }
 
-at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
-                            double scale, int64_t window) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                     const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "packed_attention supports float32, bfloat16 and float16, got ", q.scalar_type());
   check_operand(q, "q", q);
@@ -853,6 +1044,9 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
               head_dim);
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
   TORCH_CHECK(window >= -1, "window must be >= 0 (or -1 for full attention), got ", window);
+
+  TORCH_CHECK(!tiles || XENC_TILES, "the tile path was not built here (it needs AVX-512 and ATen's cpublas brgemm)");
+  TORCH_CHECK(!tiles || q.scalar_type() != at::kFloat, "the tile path takes bfloat16 or float16, got float32");
 
   std::vector<int64_t> cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q");
   std::vector<int64_t> cu_k = read_offsets(cu_seqlens_k, "cu_seqlens_k");
@@ -871,14 +1065,28 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
   at::Tensor out = at::empty({q.size(0), q.size(1)}, q.options());
   if (q.scalar_type() == at::kFloat) {
-    run<float>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window);
+    run<float>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window, tiles);
   } else if (q.scalar_type() == at::kBFloat16) {
-    run<BFloat16>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window);
+    run<BFloat16>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window, tiles);
   } else {
-    run<Half>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window);
+    run<Half>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window, tiles);
   }
   return out;
 }
+
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
+                            double scale, int64_t window) {
+  return attention(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window, false);
+}
+
+at::Tensor packed_attention_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
+                                  double scale, int64_t window) {
+  return attention(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window, true);
+}
+
+bool tiles_built() { return XENC_TILES; }
 
 }  // namespace
 }  // namespace xenc_lab
@@ -887,6 +1095,13 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def(
       "packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, "
       "float scale, int window) -> Tensor");
+  m.def(
+      "packed_attention_tiles(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, "
+      "float scale, int window) -> Tensor");
+  m.def("tiles_built() -> bool", &xenc_lab::tiles_built);
 }
 
-TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) { m.impl("packed_attention", &xenc_lab::packed_attention); }
+TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
+  m.impl("packed_attention", &xenc_lab::packed_attention);
+  m.impl("packed_attention_tiles", &xenc_lab::packed_attention_tiles);
+}
