@@ -22,7 +22,16 @@ from xenc_lab.cpuinfo import CpuInfo, cpu_info
 from xenc_lab.layers import packed_attention
 
 from .test_batch import encodings
-from .test_kernels import TOLERANCE, fused_qkv, offsets, random_lengths, reference
+from .test_kernels import (
+    TOLERANCE,
+    check_filler_rows_are_zero_and_never_read,
+    check_results_do_not_depend_on_threads_or_batch_neighbours,
+    check_traceable_by_torch_compile,
+    fused_qkv,
+    offsets,
+    random_lengths,
+    reference,
+)
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -98,32 +107,11 @@ def test_a_negative_scale(dtype):
 
 
 def test_filler_rows_are_zero_and_never_read(dtype):
-    gen = torch.Generator().manual_seed(5)
-    cu = offsets([5, 70, 19])
-    q, k, v = fused_qkv(int(cu[-1]) + 13, 2, 32, dtype, gen)
-    for x in (q, k, v):
-        x[int(cu[-1]) :] = float("nan")
-    out = tiles(q, k, v, cu, cu, 2, 0.2)
-    assert torch.equal(out[int(cu[-1]) :], torch.zeros(13, 64, dtype=dtype))
-    assert_close_to(out[: int(cu[-1])], reference(q, k, v, cu, cu, 2, 0.2)[: int(cu[-1])])
+    check_filler_rows_are_zero_and_never_read(tiles, dtype, assert_close_to)
 
 
 def test_results_do_not_depend_on_threads_or_batch_neighbours(dtype):
-    gen = torch.Generator().manual_seed(7)
-    lengths = [*random_lengths(gen, 12), 0]
-    cu = offsets(lengths)
-    q, k, v = fused_qkv(int(cu[-1]), 4, 32, dtype, gen)
-    out = tiles(q, k, v, cu, cu, 4, 0.17)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(out, tiles(q, k, v, cu, cu, 4, 0.17))
-    finally:
-        torch.set_num_threads(threads)
-    b = 5
-    rows = slice(int(cu[b]), int(cu[b + 1]))
-    alone = offsets([lengths[b]])
-    assert torch.equal(out[rows], tiles(q[rows], k[rows], v[rows], alone, alone, 4, 0.17))
+    check_results_do_not_depend_on_threads_or_batch_neighbours(tiles, dtype)
 
 
 @settings(max_examples=25, deadline=None)
@@ -159,16 +147,7 @@ def test_it_runs_where_onednn_takes_vnni_pairs():
 
 
 def test_traceable_by_torch_compile(dtype):
-    qkv = torch.randn(40, 192).to(dtype)
-    cu = torch.tensor([0, 4, 40], dtype=torch.int32)
-    q, k, v = qkv.split(64, dim=1)
-    torch.library.opcheck(torch.ops.xenc_lab.packed_attention_tiles.default, (q, k, v, cu, cu, 2, 0.1, -1))
-
-    def layer(qkv, cu):
-        q, k, v = qkv.split(64, dim=1)
-        return tiles(q, k, v, cu, cu, 2, 0.1) * 2
-
-    assert torch.equal(torch.compile(layer, fullgraph=True)(qkv, cu), layer(qkv, cu))
+    check_traceable_by_torch_compile(torch.ops.xenc_lab.packed_attention_tiles, tiles, dtype)
 
 
 def test_float32_has_no_tile_path():
