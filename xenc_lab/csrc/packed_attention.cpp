@@ -20,6 +20,9 @@
 // query's arithmetic is the same whichever block, item or thread computes it, so results are bitwise independent
 // of the batch's other sequences and of the thread count.
 //
+// In bf16 and fp16 there is a second path, the tile path (TileWorker, below): the two products as oneDNN GEMMs
+// (AMX tiles where the CPU has them), the same softmax between them. Which one runs is the caller's choice.
+//
 // The kernel is written once over 16-lane fp32 vectors: AVX-512 intrinsics on x86 with AVX512F/BW/VL, GCC/Clang
 // generic vectors elsewhere (which the compiler maps onto AVX2, SSE, NEON, ...).
 
@@ -862,7 +865,7 @@ class TileWorker {
     float inv_sum[kTileQueries];
     const bool negative = scale_log2e_ < 0.f;
     const float inf = std::numeric_limits<float>::infinity();
-    const vf c = splat(scale_log2e_);
+    const vf c = splat(scale_log2e_), sign = splat(negative ? -1.f : 1.f);
     for (int64_t r = 0; r < kTileQueries; ++r) {
       T* prow = probs + r * width;
       if (r >= rows) {
@@ -873,7 +876,6 @@ class TileWorker {
       const int64_t j_lo = lo / 16 * 16, j_hi = round_up(hi, 16);  // the blocks holding visible keys
       const float* row = s + r * width;
       // The extreme raw score: the max, or for a negative scale the min (max of the negated scores).
-      const vf sign = splat(negative ? -1.f : 1.f);
       vf m = splat(-inf);
       for (int64_t j = j_lo; j < j_hi; j += 16) {
         vf x = load(row + j) * sign;
