@@ -137,6 +137,7 @@ def _build() -> bool:
         # Shapes for tracing (torch.compile, meta tensors): the output is q-shaped, whatever the data.
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
+        torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
         logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", _reason(e))
@@ -246,3 +247,14 @@ def packed_attention_cpu(
     if tiles and tiles_available(q.dtype):
         op = torch.ops.xenc_lab.packed_attention_tiles
     return op(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, float(scale), -1 if window is None else int(window))
+
+
+def layer_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor | None:
+    """LayerNorm over the last dimension of a 2-D CPU tensor (float32, bfloat16, float16; columns contiguous),
+    computed in float32 and rounded once to x's dtype, as torch's; None without the kernel. ``weight`` and
+    ``bias`` are contiguous, of x's dtype, or None."""
+    if not _available():
+        return None
+    return torch.ops.xenc_lab.layer_norm(x, weight, bias, float(eps))

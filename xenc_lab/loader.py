@@ -10,7 +10,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
-from .layers import prepack_linears
+from .layers import prepack_linears, row_layer_norms
 from .models import ARCHITECTURES
 
 logger = logging.getLogger(__name__)
@@ -138,4 +138,5 @@ def load_model(
             module.after_load()
     if prepack:
         prepack_linears(model)
+        row_layer_norms(model)
     return model
