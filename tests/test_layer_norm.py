@@ -62,6 +62,12 @@ def test_torch_s_where_the_kernel_does_not_apply(monkeypatch):
     row_layer_norms(norm)
     x3 = torch.randn(2, 5, 8).bfloat16()  # not a (T, d) stream
     assert torch.equal(norm(x3), torch.nn.functional.layer_norm(x3, (8,), norm.weight, norm.bias))
+    columns = torch.randn(8, 5).bfloat16().t()  # strided columns
+    assert torch.equal(norm(columns), torch.nn.functional.layer_norm(columns, (8,), norm.weight, norm.bias))
+    mixed = torch.nn.LayerNorm(8)  # float32 parameters on a bfloat16 stream (autocast): torch's mixed-type norm
+    mixed.__class__ = RowLayerNorm
+    x = torch.randn(5, 8).bfloat16()
+    assert torch.equal(mixed(x), torch.nn.functional.layer_norm(x, (8,), mixed.weight, mixed.bias))
     monkeypatch.setattr("xenc_lab.layers.layer_norm_cpu", lambda *args: None)  # the kernel not built
     x = torch.randn(5, 8).bfloat16()
     assert torch.equal(norm(x), torch.nn.functional.layer_norm(x, (8,), norm.weight, norm.bias))

@@ -312,7 +312,9 @@ class RowLayerNorm(nn.LayerNorm):
             x.device.type == "cpu"
             and x.dtype in (torch.bfloat16, torch.float16)
             and x.dim() == 2
+            and x.stride(-1) == 1
             and len(self.normalized_shape) == 1
+            and (self.weight is None or self.weight.dtype == x.dtype)
             and not torch.compiler.is_compiling()
         ):
             out = layer_norm_cpu(x, self.weight, self.bias, self.eps)

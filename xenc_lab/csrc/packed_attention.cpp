@@ -434,28 +434,38 @@ XENC_INLINE void score_tile(const float* q, int64_t q_stride, const float* kt, i
   }
 }
 
-#if XENC_BF16_DOT
-// The paired layout for the bf16 dot product: block k0/16 holds ceil(dh/2) rows of 16 dwords, element [d2][j]
-// being columns 2 d2 and 2 d2 + 1 of key k0 + j (a zero pads odd dh). Keys past nk are zero.
-void pack_keys_bf16_pairs(const BFloat16* k, int64_t stride, int64_t nk, int64_t dh, uint32_t* kt) {
-  const int64_t pairs = (dh + 1) / 2;
-  for (int64_t k0 = 0; k0 < nk; k0 += 16) {
-    const int64_t rows = std::min<int64_t>(16, nk - k0);
-    uint32_t* block = kt + k0 * pairs;
+#if XENC_AVX512
+// Keys [0, blocks_end) of one head (16-bit elements), 16 at a time, as dwords of column pairs transposed:
+// store(k0, d2, row) receives the 16 dwords (d2, k0 .. k0 + 15), dword j holding columns 2 d2 and 2 d2 + 1 of key
+// k0 + j (a zero pads odd dh; keys past nk are zero).
+template <typename T, typename Store>
+XENC_INLINE void transpose_key_pairs(const T* k, int64_t stride, int64_t nk, int64_t blocks_end, int64_t dh,
+                                     Store&& store) {
+  for (int64_t k0 = 0; k0 < blocks_end; k0 += 16) {
     for (int64_t c0 = 0; c0 < dh; c0 += 32) {
       const int64_t cols = std::min<int64_t>(32, dh - c0);
       const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
       vf r[16];
       for (int64_t j = 0; j < 16; ++j) {
-        const BFloat16* row = k + (k0 + j) * stride + c0;
-        r[j] = j < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, row)) : zeros();
+        r[j] = k0 + j < nk ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, k + (k0 + j) * stride + c0)) : zeros();
       }
       transpose16(r);
       for (int64_t c = 0; c < (cols + 1) / 2; ++c) {
-        store(reinterpret_cast<float*>(block + (c0 / 2 + c) * 16), r[c]);
+        store(k0, c0 / 2 + c, r[c]);
       }
     }
   }
+}
+#endif  // XENC_AVX512
+
+#if XENC_BF16_DOT
+// The paired layout for the bf16 dot product: block k0/16 holds ceil(dh/2) rows of 16 dwords, element [d2][j]
+// being columns 2 d2 and 2 d2 + 1 of key k0 + j (a zero pads odd dh). Keys past nk are zero.
+void pack_keys_bf16_pairs(const BFloat16* k, int64_t stride, int64_t nk, int64_t dh, uint32_t* kt) {
+  const int64_t pairs = (dh + 1) / 2;
+  transpose_key_pairs(k, stride, nk, nk, dh, [&](int64_t k0, int64_t d2, vf row) {
+    store(reinterpret_cast<float*>(kt + k0 * pairs + d2 * 16), row);
+  });
 }
 
 // bf16 scores: R rows of query pairs (stride q_stride dwords) against N blocks of the paired K^T layout.
@@ -807,21 +817,9 @@ class TileWorker {
     const int64_t nk = p_.num_keys(seq);
     padded_keys_ = round_up(nk, kTileKeys);
     uint32_t* kt = keys_.as<uint32_t>();
-    for (int64_t k0 = 0; k0 < padded_keys_; k0 += 16) {
-      for (int64_t c0 = 0; c0 < dh_; c0 += 32) {
-        const int64_t cols = std::min<int64_t>(32, dh_ - c0);
-        const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
-        vf r[16];
-        for (int64_t j = 0; j < 16; ++j) {
-          r[j] = k0 + j < nk ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, p_.k_at(seq, k0 + j, head) + c0))
-                             : zeros();
-        }
-        transpose16(r);
-        for (int64_t c = 0; c < (cols + 1) / 2; ++c) {
-          _mm512_storeu_ps(reinterpret_cast<float*>(kt + (c0 / 2 + c) * padded_keys_ + k0), r[c]);
-        }
-      }
-    }
+    transpose_key_pairs(p_.k_at(seq, 0, head), p_.k_stride, nk, padded_keys_, dh_, [&](int64_t k0, int64_t d2, vf row) {
+      _mm512_storeu_ps(reinterpret_cast<float*>(kt + d2 * padded_keys_ + k0), row);
+    });
     uint32_t* vp = values_.as<uint32_t>();
     for (int64_t j = 0; j < padded_keys_; j += 2) {
       for (int64_t c0 = 0; c0 < dh_; c0 += 16) {
