@@ -18,6 +18,7 @@ import torch
 
 from .config import DTYPES, resolve_device, whole_number
 from .cpuinfo import cpu_info
+from .kernels import gemm_available
 from .layers import PrepackedLinear, bf16_products_in_fp32
 from .tuning import attention_rates, cpu_attention_path
 from .workloads import make_pairs
@@ -352,7 +353,10 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
                   "issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 FMAs. xenc_lab "
                   "runs its bf16 products as fp32 GEMMs on the bf16 values instead: the products of bf16 numbers are "
                   "exact in fp32, the sums are fp32 and the output is rounded to bf16 once, as in a bf16 GEMM; the "
-                  "weights and activations stay bf16. The bf16 ceiling above is that path's rate. "
+                  "weights and activations stay bf16. " + ("Its GEMM is xenc_lab's own around oneDNN's fp32 brgemm "
+                  "ukernel: each block of input rows is widened in cache, and the bias, GELU or residual and the "
+                  "rounding are applied to each output tile in cache. " if gemm_available() else "")
+                  + "The bf16 ceiling above is that path's rate. "
                   "sentence-transformers' bf16 runs native."]
     attention = {(r.workload, r.dtype): r for r in rows if r.attention_path}
     if attention:

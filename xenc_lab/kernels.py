@@ -74,6 +74,10 @@ def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale
     return q.new_empty(q.shape)
 
 
+def _linear_bf16_fake(x, blocks, bias, out_features, activation, residual):
+    return x.new_empty((x.shape[0], out_features))
+
+
 _TILE_DTYPES = (torch.bfloat16, torch.float16)
 _tiles: dict[torch.dtype, bool] = {}  # whether the tile path runs here, by dtype; filled on first ask
 
@@ -138,6 +142,7 @@ def _build() -> bool:
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
+        torch.library.register_fake("xenc_lab::linear_bf16", _linear_bf16_fake)
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
         logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", _reason(e))
@@ -258,3 +263,70 @@ def layer_norm_cpu(
     if not _available():
         return None
     return torch.ops.xenc_lab.layer_norm(x, weight, bias, float(eps))
+
+
+GEMM_COLS = 64  # columns of W^T per packed block of ``linear_bf16`` (kGemmCols in the C++ source)
+_gemm: bool | None = None  # whether linear_bf16 runs here; None until first asked
+
+
+def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A linear layer's (N, K) weight and (N,) bias (or None) in ``linear_bf16``'s layout: float32 blocks
+    (ceil(N / 64), K, 64) of W^T and a (ceil(N / 64) * 64,) bias, zero-padded past N."""
+    n, k = weight.shape
+    width = -(-n // GEMM_COLS) * GEMM_COLS
+    wt = torch.zeros(k, width, dtype=torch.float32)
+    wt[:, :n] = weight.detach().t().float()
+    padded = torch.zeros(width, dtype=torch.float32)
+    if bias is not None:
+        padded[:n] = bias.detach().float()
+    return wt.view(k, width // GEMM_COLS, GEMM_COLS).permute(1, 0, 2).contiguous(), padded
+
+
+@torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
+def gemm_available() -> bool:
+    """Whether ``linear_bf16`` runs here: an AVX-512 build with ATen's fp32 brgemm, checked once per process on a
+    small problem (a partial block of rows and of columns, GELU and residual) against torch's own ops."""
+    global _gemm
+    if not _available() or not torch.ops.xenc_lab.gemm_built():
+        return False
+    if _gemm is None:
+        with _lock:
+            if _gemm is None:
+                _gemm = _gemm_check()
+    return _gemm
+
+
+def _gemm_check() -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,)))
+    residual = torch.randn(100, 80, generator=g).bfloat16()
+    x, weight = x.bfloat16(), weight.bfloat16()
+    blocks, padded = gemm_blocks(weight, bias)
+    product = x.float() @ weight.float().t() + bias
+    expected = {"gelu": torch.nn.functional.gelu(product), "none": product + residual.float()}
+    for activation, want in expected.items():
+        try:
+            out = torch.ops.xenc_lab.linear_bf16(x, blocks, padded, 80, activation, residual if activation == "none" else None)
+        except RuntimeError as e:
+            logger.info("xenc_lab's bf16 GEMM does not run here (%s)", _reason(e))
+            return False
+        error = ((out.float() - want).abs() / (1 + want.abs())).max().item()
+        if not error <= 2 * torch.finfo(torch.bfloat16).eps:  # one rounding to bf16, with room; NaN fails
+            logger.info("xenc_lab's bf16 GEMM is off by %.3g here (%s); using oneDNN's", error, activation)
+            return False
+    return True
+
+
+def linear_bf16_cpu(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    bias: torch.Tensor,
+    out_features: int,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x W^T + bias, then exact GELU (``activation="gelu"``) or ``+ residual``, rounded once to bfloat16: x is
+    (M, K) bfloat16 with contiguous columns, ``blocks``/``bias`` from ``gemm_blocks``. Products and sums in float32
+    (a bf16 GEMM's arithmetic); x widened a block at a time in cache, bias, GELU, residual and rounding applied to
+    each output tile in cache. Callers check ``gemm_available()`` first."""
+    return torch.ops.xenc_lab.linear_bf16(x, blocks, bias, out_features, activation, residual)

@@ -23,6 +23,9 @@
 // In bf16 and fp16 there is a second path, the tile path (TileWorker, below): the two products as oneDNN GEMMs
 // (AMX tiles where the CPU has them), the same softmax between them. Which one runs is the caller's choice.
 //
+// The file also holds the row LayerNorm of 16-bit streams and the GEMM of bf16 linear layers on fp32 FMAs (their
+// sections, below).
+//
 // The kernel is written once over 16-lane fp32 vectors: AVX-512 intrinsics on x86 with AVX512F/BW/VL, GCC/Clang
 // generic vectors elsewhere (which the compiler maps onto AVX2, SSE, NEON, ...).
 
@@ -68,6 +71,12 @@
 #define XENC_TILES 1
 #else
 #define XENC_TILES 0
+#endif
+// The bf16 linear layers' fp32 GEMM (linear_bf16, below) runs ATen's fp32 brgemm ukernel on AVX-512.
+#if XENC_AVX512 && defined(CPUBLAS_BRGEMM_F32F32F32)
+#define XENC_GEMM 1
+#else
+#define XENC_GEMM 0
 #endif
 
 #if !defined(__GNUC__)
@@ -1158,6 +1167,123 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 linear layers on fp32 GEMMs: y = x W^T + bias, then exact (erf) GELU or + residual, rounded once to bf16.
+// The products of bf16 numbers are exact in fp32 and a bf16 GEMM sums them in fp32, so fp32 FMAs on the widened
+// values do a bf16 GEMM's arithmetic (but for the order of the sums); on Intel cores without AMX they run at twice
+// the rate of the bf16 dot product. Done with torch's ops, that takes a pass to widen x, one to widen the residual
+// and one to round y, each over the whole tensor in memory; here x is widened one block of rows at a time into a
+// buffer that stays in cache, and the bias, GELU, residual and rounding are applied to each output tile while it
+// is in L1. The products are ATen's fp32 brgemm ukernel (oneDNN) on blocks of kGemmRows rows of x against blocks
+// of kGemmCols columns of W^T, packed once at load ([N / kGemmCols][K][kGemmCols], zero-padded). Each output
+// element is one sum over K in the ukernel's order, whatever block it falls in: rows are bitwise independent of
+// the other rows and of the thread count.
+
+#if XENC_GEMM
+constexpr int64_t kGemmRows = 96;  // rows of x per block: 96 x 384 fp32 (x widened) stays in L2
+constexpr int64_t kGemmCols = 64;  // columns of W^T per block: a 96 x 64 fp32 output tile, 24 KB, stays in L1
+
+// erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7), the approximation torch's vectorized CPU erf uses;
+// exp(-x^2) by exp2_nonpositive.
+XENC_INLINE vf erf_as(vf x) {
+  const vf sign = _mm512_and_ps(x, splat(-0.f));
+  const vf a = _mm512_andnot_ps(splat(-0.f), x);
+  const vf t = _mm512_div_ps(splat(1.f), fma(splat(0.3275911f), a, splat(1.f)));
+  vf r = fma(splat(1.061405429f), t, splat(-1.453152027f));
+  r = fma(r, t, splat(1.421413741f));
+  r = fma(r, t, splat(-0.284496736f));
+  r = fma(r, t, splat(0.254829592f));
+  const vf e = exp2_nonpositive(_mm512_mul_ps(_mm512_mul_ps(a, a), splat(-1.4426950408889634f)));
+  return _mm512_or_ps(_mm512_fnmadd_ps(r * t, e, splat(1.f)), sign);
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "linear_bf16 takes a 2-D bfloat16 CPU tensor, got ", x.scalar_type(), " of shape ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(K <= 1 || x.stride(1) == 1, "linear_bf16 needs contiguous columns, got strides ", x.strides());
+  TORCH_CHECK(blocks.dim() == 3 && blocks.size(1) == K && blocks.size(2) == kGemmCols && blocks.is_contiguous() &&
+                  blocks.scalar_type() == at::kFloat,
+              "linear_bf16's weight must be float32 blocks (N / ", kGemmCols, ", ", K, ", ", kGemmCols, "), got ",
+              blocks.scalar_type(), " ", blocks.sizes());
+  const int64_t nblk = blocks.size(0);
+  TORCH_CHECK(N > 0 && (N + kGemmCols - 1) / kGemmCols == nblk, "out_features ", N, " does not fit ", nblk,
+              " blocks of ", kGemmCols, " columns");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == nblk * kGemmCols && bias.is_contiguous() &&
+                  bias.scalar_type() == at::kFloat,
+              "linear_bf16's bias must be a float32 (", nblk * kGemmCols, ",) tensor, got ", bias.sizes());
+  const bool gelu = activation == "gelu";
+  TORCH_CHECK(gelu || activation == "none", "linear_bf16's activation is \"none\" or \"gelu\", got ", activation);
+  const BFloat16* res = nullptr;
+  int64_t res_stride = 0;
+  if (residual.has_value()) {
+    const at::Tensor& r = *residual;
+    TORCH_CHECK(!gelu, "linear_bf16 adds a residual to the plain product only");
+    TORCH_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == at::kBFloat16 &&
+                    (N <= 1 || r.stride(1) == 1),
+                "linear_bf16's residual must be a bfloat16 (", M, ", ", N, ") tensor with contiguous columns, got ",
+                r.scalar_type(), " ", r.sizes());
+    res = r.const_data_ptr<BFloat16>();
+    res_stride = r.stride(0);
+  }
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) {
+    return y;
+  }
+  const BFloat16* X = x.const_data_ptr<BFloat16>();
+  const float* W = blocks.const_data_ptr<float>();
+  const float* B = bias.const_data_ptr<float>();
+  BFloat16* Y = y.mutable_data_ptr<BFloat16>();
+  const int64_t x_stride = x.stride(0), mblk = (M + kGemmRows - 1) / kGemmRows, ldk = std::max<int64_t>(K, 1);
+  // Blocks in row-major order, so that a thread's consecutive blocks share rows of x (widened once).
+  at::parallel_for(0, mblk * nblk, 1, [&](int64_t begin, int64_t end) {
+    Scratch panel(kGemmRows * ldk * static_cast<int64_t>(sizeof(float)));
+    Scratch tile(kGemmRows * kGemmCols * static_cast<int64_t>(sizeof(float)));
+    float* A = panel.as<float>();
+    float* C = tile.as<float>();
+    int64_t widened = -1;
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t mi = b / nblk, ni = b % nblk, m0 = mi * kGemmRows, n0 = ni * kGemmCols;
+      const int64_t rows = std::min(kGemmRows, M - m0);
+      if (mi != widened) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const BFloat16* src = X + (m0 + r) * x_stride;
+          for (int64_t c = 0; c < K; c += 16) {
+            store_first(A + r * ldk + c, load_first(src + c, std::min<int64_t>(16, K - c)), std::min<int64_t>(16, K - c));
+          }
+        }
+        widened = mi;
+      }
+      if (K > 0) {
+        at::native::cpublas::brgemm(rows, kGemmCols, K, ldk, kGemmCols, kGemmCols, false, A, W + ni * K * kGemmCols,
+                                    C, false);
+      } else {
+        std::fill(C, C + rows * kGemmCols, 0.f);
+      }
+      const int64_t cols = std::min(kGemmCols, N - n0);
+      for (int64_t r = 0; r < rows; ++r) {
+        BFloat16* out = Y + (m0 + r) * N + n0;
+        for (int64_t c = 0; c < cols; c += 16) {
+          const int64_t n = std::min<int64_t>(16, cols - c);
+          vf v = load(C + r * kGemmCols + c) + loadu(B + n0 + c);
+          if (gelu) {
+            v = v * splat(0.5f) * (splat(1.f) + erf_as(v * splat(0.70710678118654752f)));
+          } else if (res) {
+            v = v + load_first(res + (m0 + r) * res_stride + n0 + c, n);
+          }
+          store_first(out + c, v, n);
+        }
+      }
+    }
+    at::native::cpublas::brgemm_release(false);
+  });
+  return y;
+}
+#endif  // XENC_GEMM
+
+bool gemm_built() { return XENC_GEMM; }
+
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
                             double scale, int64_t window) {
@@ -1184,10 +1310,17 @@ TORCH_LIBRARY(xenc_lab, m) {
       "float scale, int window) -> Tensor");
   m.def("tiles_built() -> bool", &xenc_lab::tiles_built);
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
+  m.def("gemm_built() -> bool", &xenc_lab::gemm_built);
+  m.def(
+      "linear_bf16(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
+      "Tensor");
 }
 
 TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
   m.impl("packed_attention", &xenc_lab::packed_attention);
   m.impl("packed_attention_tiles", &xenc_lab::packed_attention_tiles);
   m.impl("layer_norm", &xenc_lab::layer_norm);
+#if XENC_GEMM
+  m.impl("linear_bf16", &xenc_lab::linear_bf16);
+#endif
 }

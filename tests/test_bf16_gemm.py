@@ -1,0 +1,207 @@
+"""xenc_lab's bf16 GEMM (``kernels.linear_bf16_cpu``: fp32 products of bf16 values with the widening, bias, GELU,
+residual and rounding done on blocks in cache) against float64, and as ``PrepackedLinear``'s path where bf16
+products run as fp32 GEMMs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xenc_lab import kernels
+from xenc_lab.layers import PrepackedLinear
+
+# Built is enough to run the op's own tests: a build whose self-check fails must fail them, not skip them.
+needs_gemm = pytest.mark.skipif(
+    not kernels.load() or not torch.ops.xenc_lab.gemm_built(),
+    reason="xenc_lab's bf16 GEMM is not built here (needs AVX-512 and a torch with cpublas' fp32 brgemm)",
+)
+
+
+@needs_gemm
+def test_it_runs_wherever_it_is_built():
+    """Built means AVX-512 and ATen's fp32 brgemm: there the self-check passes, and bf16 layers whose products run in
+    fp32 take this GEMM (a faulty build would otherwise quietly fall back to torch's ops)."""
+    assert kernels.gemm_available()
+
+
+def problem(m: int, k: int, n: int, seed: int, bias: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 2).bfloat16()
+    weight = (torch.randn(n, k, generator=g) / max(k, 1) ** 0.5).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    residual = (torch.randn(m, n, generator=g) * 4).bfloat16()
+    return x, weight, b, residual
+
+
+def exact(x, weight, bias, activation: str, residual=None) -> torch.Tensor:
+    """float64, rounded nowhere."""
+    y = x.double() @ weight.double().T
+    if bias is not None:
+        y = y + bias.double()
+    if activation == "gelu":
+        y = y * 0.5 * (1 + torch.erf(y / 2**0.5))
+    if residual is not None:
+        y = y + residual.double()
+    return y
+
+
+def assert_one_rounding_from(got: torch.Tensor, want: torch.Tensor, x, weight) -> None:
+    """Within one bf16 rounding of the exact value, plus the float32 sums' error and erf's (1.5e-7)."""
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape and got.is_contiguous()
+    sums = x.double().abs() @ weight.double().abs().T * x.shape[1] * 2**-23
+    tol = want.abs() * 2**-8 + sums + 1e-6
+    assert ((got.double() - want).abs() <= tol).all(), float(((got.double() - want).abs() - tol).max())
+
+
+@needs_gemm
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.sampled_from([1, 2, 5, 95, 96, 97, 200]),
+    k=st.sampled_from([1, 15, 16, 17, 72, 384]),
+    n=st.sampled_from([1, 15, 63, 64, 65, 130]),
+    activation=st.sampled_from(["none", "gelu", "residual"]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_one_rounding_from_the_exact_result(m, k, n, activation, bias, seed):
+    x, weight, b, residual = problem(m, k, n, seed, bias)
+    blocks, padded = kernels.gemm_blocks(weight, b)
+    add = residual if activation == "residual" else None
+    act = "gelu" if activation == "gelu" else "none"
+    got = kernels.linear_bf16_cpu(x, blocks, padded, n, act, add)
+    assert_one_rounding_from(got, exact(x, weight, b, act, add), x, weight)
+
+
+@needs_gemm
+def test_strided_rows_and_a_strided_residual_are_read_in_place():
+    x, weight, b, residual = problem(2 * 150, 40, 70, seed=1)
+    blocks, padded = kernels.gemm_blocks(weight, b)
+    got = kernels.linear_bf16_cpu(x[::2], blocks, padded, 70, "none", residual[::2])
+    assert torch.equal(got, kernels.linear_bf16_cpu(x[::2].contiguous(), blocks, padded, 70, "none", residual[::2].contiguous()))
+    assert_one_rounding_from(got, exact(x[::2], weight, b, "none", residual[::2]), x[::2], weight)
+
+
+@needs_gemm
+def test_rows_are_bitwise_independent_of_the_other_rows_and_of_the_thread_count():
+    x, weight, b, _ = problem(300, 384, 200, seed=2)
+    blocks, padded = kernels.gemm_blocks(weight, b)
+    full = kernels.linear_bf16_cpu(x, blocks, padded, 200, "gelu")
+    for start, stop in ((0, 1), (37, 38), (95, 97), (100, 300), (250, 300)):
+        assert torch.equal(kernels.linear_bf16_cpu(x[start:stop], blocks, padded, 200, "gelu"), full[start:stop])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.linear_bf16_cpu(x, blocks, padded, 200, "gelu"), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_gemm
+def test_no_rows_give_an_empty_result():
+    _, weight, b, _ = problem(1, 8, 5, seed=3)
+    blocks, padded = kernels.gemm_blocks(weight, b)
+    got = kernels.linear_bf16_cpu(torch.empty(0, 8, dtype=torch.bfloat16), blocks, padded, 5)
+    assert got.shape == (0, 5) and got.dtype == torch.bfloat16
+
+
+@needs_gemm
+def test_gelu_is_exact_gelu_in_the_tails_and_keeps_nan():
+    """erf by Abramowitz-Stegun: large |x| give x and 0 as they should; a NaN stays a NaN."""
+    weight = torch.ones(1, 1, dtype=torch.bfloat16)  # one value per row: a NaN reaches its own row only
+    x = torch.tensor([-30.0, -6.0, -3.0, -1.0, -0.1, 0.0, 0.1, 1.0, 3.0, 6.0, 30.0, 1e30, -1e30, float("nan"), 2.5, -2.5])
+    x = x.bfloat16()[:, None]
+    blocks, padded = kernels.gemm_blocks(weight, None)
+    got = kernels.linear_bf16_cpu(x, blocks, padded, 1, "gelu")[:, 0]
+    want = torch.nn.functional.gelu(x.double())[:, 0]
+    finite = ~want.isnan()
+    assert torch.isnan(got[13]) and finite.sum() == 15
+    assert ((got.double() - want)[finite].abs() <= want[finite].abs() * 2**-8 + 1e-6).all()
+
+
+@needs_gemm
+def test_bad_arguments_are_refused_with_what_was_expected():
+    x, weight, b, residual = problem(10, 32, 20, seed=4)
+    blocks, padded = kernels.gemm_blocks(weight, b)
+    op = torch.ops.xenc_lab.linear_bf16
+    with pytest.raises(RuntimeError, match="2-D bfloat16"):
+        op(x.float(), blocks, padded, 20, "none", None)
+    with pytest.raises(RuntimeError, match="float32 blocks"):
+        op(x[:, :16], blocks, padded, 20, "none", None)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        op(x, blocks, padded, 65, "none", None)
+    with pytest.raises(RuntimeError, match='"none" or "gelu"'):
+        op(x, blocks, padded, 20, "relu", None)
+    with pytest.raises(RuntimeError, match="plain product"):
+        op(x, blocks, padded, 20, "gelu", residual)
+    with pytest.raises(RuntimeError, match="residual must be"):
+        op(x, blocks, padded, 20, "none", residual[:, :10])
+
+
+@needs_gemm
+def test_the_op_is_registered_for_tracing():
+    x, weight, b, residual = problem(33, 48, 70, seed=5)
+    blocks, padded = kernels.gemm_blocks(weight, b)
+    torch.library.opcheck(torch.ops.xenc_lab.linear_bf16.default, (x, blocks, padded, 70, "none", residual))
+    torch.library.opcheck(torch.ops.xenc_lab.linear_bf16.default, (x, blocks, padded, 70, "gelu", None))
+
+
+@needs_gemm
+def test_the_self_check_turns_away_a_wrong_layout(monkeypatch):
+    """``gemm_available`` computes a problem both ways: a weight packed as W rather than W^T blocks is caught."""
+    real = kernels.gemm_blocks
+
+    def untransposed(weight, bias):
+        blocks, padded = real(weight, bias)
+        return blocks.transpose(1, 2).contiguous().view(blocks.shape), padded
+
+    monkeypatch.setattr(kernels, "gemm_blocks", untransposed)
+    assert kernels._gemm_check() is False
+    monkeypatch.setattr(kernels, "gemm_blocks", real)
+    assert kernels._gemm_check() is True
+
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")), reason="needs oneDNN bfloat16 on this CPU"
+)
+
+
+@needs_gemm
+@needs_onednn_bf16
+def test_prepacked_linear_takes_it_where_bf16_products_run_in_fp32():
+    """Same numbers as the fp32 GEMM through torch's ops (widen, oneDNN, round) but for the order of the fp32
+    sums; the layer keeps only its own blocked weight."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(384, 320).to(torch.bfloat16).requires_grad_(False)
+    x, residual = torch.randn(300, 384, dtype=torch.bfloat16), torch.randn(300, 320, dtype=torch.bfloat16)
+    fused = PrepackedLinear(linear, products_in_fp32=True)
+    through_torch = PrepackedLinear(linear, products_in_fp32=True, fused=False)
+    assert fused.fused and not through_torch.fused and fused.packed.shape == (5, 384, 64)
+    assert not PrepackedLinear(linear, products_in_fp32=False).fused  # native bf16 GEMMs stay oneDNN's
+    for call in (lambda m: m(x), lambda m: m(x, activation="gelu"), lambda m: m(x, residual=residual),
+                 lambda m: m.rows(64, 320)(x), lambda m: m(x.view(3, 100, 384))):
+        a, b = call(through_torch), call(fused)
+        assert a.shape == b.shape and b.dtype == torch.bfloat16
+        assert (a == b).double().mean() > 0.999
+        assert ((a.double() - b.double()).abs() <= a.double().abs() * 2**-7 + 1e-30).all()
+    assert fused.rows(64, 320).fused
+
+
+@needs_gemm
+@needs_onednn_bf16
+def test_compiled_it_stays_one_op_on_bf16_tensors():
+    """Under torch.compile the layer is the opaque prepacked op on bf16 in and out (no widening around it), and
+    computes what it computes eagerly."""
+    torch.manual_seed(1)
+    linear = PrepackedLinear(torch.nn.Linear(64, 96).to(torch.bfloat16).requires_grad_(False), products_in_fp32=True)
+    assert linear.fused
+    x, residual = torch.randn(50, 64, dtype=torch.bfloat16), torch.randn(50, 96, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, r: linear(x, residual=r), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x, residual), linear(x, residual=residual))
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(lambda x: linear(x, activation="gelu"), backend=lambda gm, _: graphs.append(gm) or gm, fullgraph=True)(x)
+    ops = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert torch.ops.xenc_lab.prepacked_linear.default in ops
+    assert not any("to" in str(op) or "_to_copy" in str(op) for op in ops), ops
