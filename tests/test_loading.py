@@ -163,7 +163,7 @@ def test_loading_onto_the_cpu_builds_the_native_kernels_before_the_first_predict
     from xenc_lab import kernels
 
     builds = []
-    monkeypatch.setattr(kernels, "_loaded", None)  # as in a fresh process
+    monkeypatch.setattr(kernels, "_answers", {})  # as in a fresh process
     monkeypatch.setattr(kernels, "_build", lambda: builds.append(1) or False)
     Scorer(tiny_dir, device="cpu")
     assert builds == [1]  # built (or found) while loading, once; predict() then finds the answer cached

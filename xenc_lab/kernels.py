@@ -29,7 +29,18 @@ _SOURCES = [Path(__file__).parent / "csrc" / "packed_attention.cpp"]
 _NAME = "xenc_lab_kernels"
 
 _lock = threading.Lock()
-_loaded: bool | None = None  # whether the extension's ops are in torch.ops.xenc_lab; None until first needed
+# Answers found once per process: "loaded" (the extension's ops are in torch.ops.xenc_lab), ("tiles", dtype) (the
+# tile path runs at dtype), "gemm" (linear_bf16 runs).
+_answers: dict[object, bool] = {}
+
+
+def _once(key: object, find) -> bool:
+    """``find()``'s answer for ``key``, found by the first caller (others wait for it) and kept."""
+    if key not in _answers:
+        with _lock:
+            if key not in _answers:
+                _answers[key] = find()
+    return _answers[key]
 
 
 def _build_directory() -> Path:
@@ -79,7 +90,6 @@ def _linear_bf16_fake(x, blocks, bias, out_features, activation, residual):
 
 
 _TILE_DTYPES = (torch.bfloat16, torch.float16)
-_tiles: dict[torch.dtype, bool] = {}  # whether the tile path runs here, by dtype; filled on first ask
 
 
 def _ninja_on_path() -> None:
@@ -166,12 +176,7 @@ def _reason(e: Exception) -> str:
 def _available() -> bool:
     """Whether the extension is loaded, building and loading it on the first call of the process. A constant to
     torch.compile, which calls it once while tracing (a build cannot be traced) and keeps the answer."""
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                _loaded = _build()
-    return _loaded
+    return _once("loaded", _build)
 
 
 def load() -> bool:
@@ -191,11 +196,7 @@ def tiles_available(dtype: torch.dtype) -> bool:
     dtype (oneDNN's float16 GEMMs, for one, expect another layout on CPUs without AMX-FP16)."""
     if dtype not in _TILE_DTYPES or not _available() or not torch.ops.xenc_lab.tiles_built():
         return False
-    if dtype not in _tiles:
-        with _lock:
-            if dtype not in _tiles:
-                _tiles[dtype] = _tiles_check(dtype)
-    return _tiles[dtype]
+    return _once(("tiles", dtype), lambda: _tiles_check(dtype))
 
 
 def _tiles_check(dtype: torch.dtype) -> bool:
@@ -266,7 +267,6 @@ def layer_norm_cpu(
 
 
 GEMM_COLS = 64  # columns of W^T per packed block of ``linear_bf16`` (kGemmCols in the C++ source)
-_gemm: bool | None = None  # whether linear_bf16 runs here; None until first asked
 
 
 def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,14 +286,9 @@ def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.
 def gemm_available() -> bool:
     """Whether ``linear_bf16`` runs here: an AVX-512 build with ATen's fp32 brgemm, checked once per process on a
     small problem (a partial block of rows and of columns, GELU and residual) against torch's own ops."""
-    global _gemm
     if not _available() or not torch.ops.xenc_lab.gemm_built():
         return False
-    if _gemm is None:
-        with _lock:
-            if _gemm is None:
-                _gemm = _gemm_check()
-    return _gemm
+    return _once("gemm", _gemm_check)
 
 
 def _gemm_check() -> bool:

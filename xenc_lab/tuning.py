@@ -9,7 +9,7 @@ padded sequences (a gather there and back), and with AMX it too computes its pro
 AMX for the dtype, which path is fastest depends on the head shapes, so it is measured, once per kind of CPU,
 torch version, dtype, head shape and thread count, and the answer is kept on disk beside the kernel build: a
 machine takes the same path in every run. Float32, and CPUs without AMX, run the kernel (it measured 2-4x
-faster than SDPA there, MiniLM's heads, 91-508 tokens per pair, and 1.4-1.8x faster than the tile path on
+faster than SDPA there, MiniLM's heads, 91-508 tokens per pair, and 1.4-1.9x faster than the tile path on
 AVX-512 dot products). ``XENC_LAB_CPU_ATTENTION=kernel``, ``=tiles`` or ``=sdpa`` forces one path everywhere
 (``tiles`` runs the kernel where the tile path does not run).
 
