@@ -179,7 +179,8 @@ def test_prepacked_linear_takes_it_where_bf16_products_run_in_fp32():
     assert fused.fused and not through_torch.fused and fused.packed.shape == (5, 384, 64)
     assert not PrepackedLinear(linear, products_in_fp32=False).fused  # native bf16 GEMMs stay oneDNN's
     for call in (lambda m: m(x), lambda m: m(x, activation="gelu"), lambda m: m(x, residual=residual),
-                 lambda m: m.rows(64, 320)(x), lambda m: m(x.view(3, 100, 384))):
+                 lambda m: m.rows(64, 320)(x), lambda m: m(x.view(3, 100, 384)),
+                 lambda m: m(x, residual=residual.t().contiguous().t())):  # column-strided residual
         a, b = call(through_torch), call(fused)
         assert a.shape == b.shape and b.dtype == torch.bfloat16
         assert (a == b).double().mean() > 0.999

@@ -252,6 +252,8 @@ class PrepackedLinear(nn.Module):
                 rows = rows.contiguous()
             if residual is not None:
                 residual = residual.reshape(-1, self.out_features)
+                if residual.stride(-1) != 1:
+                    residual = residual.contiguous()
             y = linear_bf16_cpu(rows, self.packed, self._bias, self.out_features, activation, residual)
             return y.view(*x.shape[:-1], self.out_features)
         dtype = x.dtype
