@@ -204,16 +204,23 @@ def _tiles_check(dtype: torch.dtype) -> bool:
     cu = torch.tensor([0, 1, 46, 116], dtype=torch.int32)
     qkv = torch.randn(116, 3 * 64, generator=torch.Generator().manual_seed(0)).to(dtype)
     q, k, v = qkv.split(64, dim=1)
-    try:
-        out = torch.ops.xenc_lab.packed_attention_tiles(q, k, v, cu, cu, 2, 0.3, -1).float()
-    except RuntimeError as e:
-        logger.info("xenc_lab's tile attention does not run here in %s (%s)", dtype, _reason(e))
-        return False
     expected = torch.ops.xenc_lab.packed_attention(q, k, v, cu, cu, 2, 0.3, -1).float()
+    return _agrees(  # within the rounding of P and of the output, with room
+        f"tile attention in {dtype}", lambda: torch.ops.xenc_lab.packed_attention_tiles(q, k, v, cu, cu, 2, 0.3, -1),
+        expected, 8 * torch.finfo(dtype).eps, "oneDNN expects another layout; using the kernel")
+
+
+def _agrees(what: str, run, expected: torch.Tensor, tolerance: float, otherwise: str) -> bool:
+    """Whether ``run()`` runs here and comes within ``tolerance`` of ``expected`` (relative to 1 + |expected|; a
+    NaN fails); a self-check's answer, logged where it is no."""
+    try:
+        out = run().float()
+    except RuntimeError as e:
+        logger.info("xenc_lab's %s does not run here (%s)", what, _reason(e))
+        return False
     error = ((out - expected).abs() / (1 + expected.abs())).max().item()
-    if not error <= 8 * torch.finfo(dtype).eps:  # the rounding of P and of the output, with room; NaN fails
-        logger.info("xenc_lab's tile attention is off by %.3g in %s here (oneDNN expects another layout); "
-                    "using the kernel", error, dtype)
+    if not error <= tolerance:
+        logger.info("xenc_lab's %s is off by %.3g here (%s)", what, error, otherwise)
         return False
     return True
 
@@ -299,17 +306,12 @@ def _gemm_check() -> bool:
     blocks, padded = gemm_blocks(weight, bias)
     product = x.float() @ weight.float().t() + bias
     expected = {"gelu": torch.nn.functional.gelu(product), "none": product + residual.float()}
-    for activation, want in expected.items():
-        try:
-            out = torch.ops.xenc_lab.linear_bf16(x, blocks, padded, 80, activation, residual if activation == "none" else None)
-        except RuntimeError as e:
-            logger.info("xenc_lab's bf16 GEMM does not run here (%s)", _reason(e))
-            return False
-        error = ((out.float() - want).abs() / (1 + want.abs())).max().item()
-        if not error <= 2 * torch.finfo(torch.bfloat16).eps:  # one rounding to bf16, with room; NaN fails
-            logger.info("xenc_lab's bf16 GEMM is off by %.3g here (%s); using oneDNN's", error, activation)
-            return False
-    return True
+    return all(  # one rounding to bf16, with room
+        _agrees(f"bf16 GEMM ({activation})", lambda a=activation: torch.ops.xenc_lab.linear_bf16(
+            x, blocks, padded, 80, a, residual if a == "none" else None), want, 2 * torch.finfo(torch.bfloat16).eps,
+            "using oneDNN's")
+        for activation, want in expected.items()
+    )
 
 
 def linear_bf16_cpu(
