@@ -206,3 +206,14 @@ def test_compiled_it_stays_one_op_on_bf16_tensors():
     ops = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
     assert torch.ops.xenc_lab.prepacked_linear.default in ops
     assert not any("to" in str(op) or "_to_copy" in str(op) for op in ops), ops
+
+
+@needs_onednn_bf16
+def test_asked_for_where_it_does_not_run_the_layer_takes_torch_s_ops(monkeypatch):
+    monkeypatch.setattr("xenc_lab.layers.gemm_available", lambda: False)
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(32, 48).to(torch.bfloat16).requires_grad_(False)
+    layer = PrepackedLinear(linear, products_in_fp32=True, fused=True)
+    assert not layer.fused and layer.products_in_fp32
+    x = torch.randn(20, 32, dtype=torch.bfloat16)
+    assert ((layer(x).double() - linear(x).double()).abs() <= linear(x).double().abs() * 2**-7 + 1e-30).all()
