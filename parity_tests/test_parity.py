@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from . import strategies as S
@@ -62,7 +62,14 @@ def _st_token_ids(ce, pairs):
 
 
 def assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, tolerance, recorder, max_length=None, **predict_kwargs):
-    """ours == theirs within ``tolerance`` or, failing that, no further than theirs from the float64 result."""
+    """ours == theirs within ``tolerance`` or, failing that, on an input where sentence-transformers' fp32 result is
+    itself off from the float64 one, no further from float64 than twice its error (plus ``tolerance``).
+
+    Both are fp32 computations of the same function whose roundings differ (GEMM blocking, attention, fused
+    projections): on an ill-conditioned input each is off by about the same amount, in independent directions.
+    Over about 1,500 random pairs of the roberta model at max_length 8, 23 and 64, ours and its errors against
+    float64 had the same distribution (mean ratio 0.96-1.08) and, on single pairs, ours reached 2x its error
+    (measured); "no further than its error" failed on such a pair at random, once in a few runs."""
     ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
     atol, rtol = tolerance["atol"], tolerance["rtol"]
     if np.all(np.abs(ours - theirs) <= atol + rtol * np.abs(theirs)):
@@ -70,10 +77,10 @@ def assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, tolerance, recorder
     truth = np.asarray(exact_oracle(arch, max_length).predict(pairs, **predict_kwargs), dtype=np.float64)
     ours_error, their_error = np.abs(ours - truth), np.abs(theirs - truth)
     recorder.arbitrated(arch, float(their_error.max()), float(ours_error.max()))
-    worse = ours_error > their_error + atol + rtol * np.abs(truth)
+    worse = ours_error > 2 * their_error + atol + rtol * np.abs(truth)
     assert not worse.any(), (
         f"{arch}: |ours - CrossEncoder| is {np.abs(ours - theirs).max():.2e}, beyond atol={atol:.1e} rtol={rtol:.1e}, "
-        f"and against float64 ours is off by {ours_error.max():.2e} where CrossEncoder's fp32 is off by "
+        f"and against float64 ours is off by {ours_error.max():.2e}, over twice CrossEncoder's fp32 error of "
         f"{their_error.max():.2e}: ours={ours[worse][:4]}, CrossEncoder={theirs[worse][:4]}, float64={truth[worse][:4]}"
     )
 
@@ -111,9 +118,19 @@ def test_token_ids_equal_sentence_transformers_preprocess(arch, pairs):
         assert [enc.type_ids[enc.offsets[i] : enc.offsets[i + 1]].tolist() for i in range(len(pairs))] == types
 
 
+# An ill-conditioned input found at random: both fp32 results off by 2.5e-5 or more from float64 (atol 2.2e-5).
+ILL_CONDITIONED = [
+    (
+        "climate or most than passage its protein all election museum about" + " the" * 51,
+        "could battery been that years river to can for over only do over which and" + " the" * 44,
+    )
+]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @share(0.3)
 @given(pairs=S.pairs, max_length=st.sampled_from([8, 23, 64]))
+@example(pairs=ILL_CONDITIONED, max_length=64)
 def test_truncation_at_small_max_length_equals_crossencoder(arch, max_length, pairs, recorder):
     ours_scorer = scorer(arch, max_length=max_length)
     enc = ours_scorer.tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
