@@ -57,12 +57,12 @@ def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
     assert "long bfloat16: kernel 190, tiles 421, SDPA 45 (ran: tiles)" in text
 
 
-def test_gemm_rate_measures_either_bf16_path():
+def test_gemm_rate_measures_each_bf16_path():
     if not bench.PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
     config = BertConfig(hidden_size=64, num_hidden_layers=1, intermediate_size=128)
-    for products_in_fp32 in (False, True):
-        assert bench.gemm_rate(config, torch.bfloat16, tokens=64, repeats=2, products_in_fp32=products_in_fp32) > 0
+    for gemm in ("native", "fp32", "fp16"):
+        assert bench.gemm_rate(config, torch.bfloat16, tokens=64, repeats=2, bf16_gemm=gemm) > 0
 
 
 def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path):

@@ -174,10 +174,10 @@ def test_prepacked_linear_takes_it_where_bf16_products_run_in_fp32():
     torch.manual_seed(0)
     linear = torch.nn.Linear(384, 320).to(torch.bfloat16).requires_grad_(False)
     x, residual = torch.randn(300, 384, dtype=torch.bfloat16), torch.randn(300, 320, dtype=torch.bfloat16)
-    fused = PrepackedLinear(linear, products_in_fp32=True)
-    through_torch = PrepackedLinear(linear, products_in_fp32=True, fused=False)
+    fused = PrepackedLinear(linear, gemm="fp32")
+    through_torch = PrepackedLinear(linear, gemm="fp32", fused=False)
     assert fused.fused and not through_torch.fused and fused.packed.shape == (5, 384, 64)
-    assert not PrepackedLinear(linear, products_in_fp32=False).fused  # native bf16 GEMMs stay oneDNN's
+    assert not PrepackedLinear(linear, gemm="native").fused  # native bf16 GEMMs stay oneDNN's
     for call in (lambda m: m(x), lambda m: m(x, activation="gelu"), lambda m: m(x, residual=residual),
                  lambda m: m.rows(64, 320)(x), lambda m: m(x.view(3, 100, 384)),
                  lambda m: m(x, residual=residual.t().contiguous().t())):  # column-strided residual
@@ -194,7 +194,7 @@ def test_compiled_it_stays_one_op_on_bf16_tensors():
     """Under torch.compile the layer is the opaque prepacked op on bf16 in and out (no widening around it), and
     computes what it computes eagerly."""
     torch.manual_seed(1)
-    linear = PrepackedLinear(torch.nn.Linear(64, 96).to(torch.bfloat16).requires_grad_(False), products_in_fp32=True)
+    linear = PrepackedLinear(torch.nn.Linear(64, 96).to(torch.bfloat16).requires_grad_(False), gemm="fp32")
     assert linear.fused
     x, residual = torch.randn(50, 64, dtype=torch.bfloat16), torch.randn(50, 96, dtype=torch.bfloat16)
     torch._dynamo.reset()
@@ -213,7 +213,7 @@ def test_asked_for_where_it_does_not_run_the_layer_takes_torch_s_ops(monkeypatch
     monkeypatch.setattr("xenc_lab.layers.gemm_available", lambda: False)
     torch.manual_seed(2)
     linear = torch.nn.Linear(32, 48).to(torch.bfloat16).requires_grad_(False)
-    layer = PrepackedLinear(linear, products_in_fp32=True, fused=True)
-    assert not layer.fused and layer.products_in_fp32
+    layer = PrepackedLinear(linear, gemm="fp32", fused=True)
+    assert not layer.fused and layer.gemm == "fp32"
     x = torch.randn(20, 32, dtype=torch.bfloat16)
     assert ((layer(x).double() - linear(x).double()).abs() <= linear(x).double().abs() * 2**-7 + 1e-30).all()

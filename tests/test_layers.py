@@ -190,7 +190,7 @@ def test_prepacked_linear_equals_linear_to_the_bit_and_so_do_its_row_slices(bias
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 3 * 16, bias=bias).to(torch.bfloat16).requires_grad_(False)
     x = torch.randn(37, 48, dtype=torch.bfloat16)
-    packed = PrepackedLinear(linear)
+    packed = PrepackedLinear(linear, gemm="native")
     assert torch.equal(packed(x), linear(x))
     want = torch.nn.functional.linear(x, linear.weight[16:], None if linear.bias is None else linear.bias[16:])
     assert torch.equal(packed.rows(16, 48)(x), want)
@@ -198,9 +198,10 @@ def test_prepacked_linear_equals_linear_to_the_bit_and_so_do_its_row_slices(bias
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prepack_linears_replaces_every_linear_and_keeps_its_products(dtype):
+def test_prepack_linears_replaces_every_linear_and_keeps_its_products(dtype, monkeypatch):
     if not PrepackedLinear.supported(dtype, torch.device("cpu")):
         pytest.skip(f"no oneDNN {dtype} GEMM on this CPU")
+    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "native")  # bf16: the same products (the fp16 GEMM: test_half_gemm)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     model = model.to(dtype).requires_grad_(False)
@@ -229,7 +230,7 @@ def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
     linear = onednn_linear(dtype, 32, 64)
     x = torch.randn(20, 32, dtype=dtype) * 3
     want = torch.nn.functional.gelu(linear(x).float())
-    got = PrepackedLinear(linear)(x, activation="gelu").float()
+    got = PrepackedLinear(linear, gemm="native")(x, activation="gelu").float()
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16: the fused GELU rounds once, the reference twice
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
@@ -238,7 +239,7 @@ def test_prepacked_linear_with_fused_gelu_equals_linear_then_exact_gelu(dtype):
 def test_prepacked_linear_adds_a_residual_inside_the_gemm(dtype):
     linear = onednn_linear(dtype, 96, 64)
     x, residual = torch.randn(40, 96, dtype=dtype), torch.randn(40, 64, dtype=dtype) * 4
-    packed = PrepackedLinear(linear)
+    packed = PrepackedLinear(linear, gemm="native")
     got = linear_plus(packed, x, residual)
     if dtype == torch.float32:  # the same two float32 roundings as the GEMM, then the add
         assert torch.equal(got, packed(x) + residual)
@@ -250,23 +251,24 @@ def test_prepacked_linear_adds_a_residual_inside_the_gemm(dtype):
         packed(x, activation="gelu", residual=residual)
 
 
-def test_bf16_products_in_fp32_is_read_from_the_cpu_or_the_environment(monkeypatch):
-    from xenc_lab.layers import bf16_products_in_fp32
+def test_bf16_gemm_is_read_from_the_cpu_or_the_environment(monkeypatch):
+    from xenc_lab.layers import bf16_gemm
 
-    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "native")
-    assert bf16_products_in_fp32() is False
-    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "FP32")
-    assert bf16_products_in_fp32() is True
+    for choice in ("native", "fp32", "fp16"):
+        monkeypatch.setenv("XENC_LAB_BF16_GEMM", choice.upper())
+        assert bf16_gemm() == choice
     monkeypatch.setenv("XENC_LAB_BF16_GEMM", "fast")
-    with pytest.raises(ValueError, match="XENC_LAB_BF16_GEMM must be one of native, fp32, got 'fast'"):
-        bf16_products_in_fp32()
+    with pytest.raises(ValueError, match="XENC_LAB_BF16_GEMM must be one of native, fp32, fp16, got 'fast'"):
+        bf16_gemm()
     monkeypatch.delenv("XENC_LAB_BF16_GEMM")
     monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda: CpuInfo("GenuineIntel", "Xeon", frozenset({"avx512_bf16"})))
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
-    assert bf16_products_in_fp32() is True
+    for half in (True, False):  # Intel without AMX: the fp16 GEMM where it runs, else fp32 products
+        monkeypatch.setattr("xenc_lab.layers.half_gemm_available", lambda h=half: h)
+        assert bf16_gemm() == ("fp16" if half else "fp32")
     for vendor, flags in (("GenuineIntel", {"avx512_bf16", "amx_bf16"}), ("AuthenticAMD", {"avx512_bf16"})):
         monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda v=vendor, f=flags: CpuInfo(v, "cpu", frozenset(f)))
-        assert bf16_products_in_fp32() is False
+        assert bf16_gemm() == "native"
 
 
 @needs_onednn_bf16
@@ -277,8 +279,8 @@ def test_bf16_products_as_fp32_gemms_give_the_bf16_gemms_numbers(bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(384, 256, bias=bias).to(torch.bfloat16).requires_grad_(False)
     x, residual = torch.randn(300, 384, dtype=torch.bfloat16), torch.randn(300, 256, dtype=torch.bfloat16)
-    native, wide = PrepackedLinear(linear, products_in_fp32=False), PrepackedLinear(linear, products_in_fp32=True)
-    assert wide.products_in_fp32 and wide.weight.dtype == torch.bfloat16
+    native, wide = PrepackedLinear(linear, gemm="native"), PrepackedLinear(linear, gemm="fp32")
+    assert wide.gemm == "fp32" and wide.weight.dtype == torch.bfloat16
     for call in (lambda m: m(x), lambda m: m(x, activation="gelu"), lambda m: m(x, residual=residual),
                  lambda m: m.rows(128, 256)(x)):
         a, b = call(native), call(wide)
@@ -286,10 +288,12 @@ def test_bf16_products_as_fp32_gemms_give_the_bf16_gemms_numbers(bias):
         assert (a == b).double().mean() > 0.999
         step = a.double().abs().clamp_min(1e-30) * 2**-7  # one bf16 step (8-bit significand)
         assert ((a.double() - b.double()).abs() <= step).all()
-    assert wide.rows(128, 256).products_in_fp32
+    assert wide.rows(128, 256).gemm == "fp32"
 
 
-def test_fp32_layers_ignore_products_in_fp32():
+def test_fp32_layers_ignore_the_bf16_gemm_and_a_bad_one_is_refused():
     linear = torch.nn.Linear(8, 4).requires_grad_(False)
-    assert PrepackedLinear(linear, products_in_fp32=True).products_in_fp32 is False
+    assert PrepackedLinear(linear, gemm="fp16").gemm == PrepackedLinear(linear, gemm="fp32").gemm == "native"
+    with pytest.raises(ValueError, match="gemm must be None or one of native, fp32, fp16, got 'int8'"):
+        PrepackedLinear(linear, gemm="int8")
 

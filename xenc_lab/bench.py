@@ -19,7 +19,7 @@ import torch
 from .config import DTYPES, resolve_device, whole_number
 from .cpuinfo import cpu_info
 from .kernels import gemm_available
-from .layers import PrepackedLinear, bf16_products_in_fp32
+from .layers import PrepackedLinear, bf16_gemm
 from .tuning import attention_rates, cpu_attention_path
 from .workloads import make_pairs
 
@@ -41,7 +41,9 @@ class BenchRow:
     compiled_graphs: int = 0  # xenc_lab with compile=True: graphs compiled so far in this dtype
     batch_shapes: int = 0  # distinct (tokens, sequences, attention length) batch shapes they ran
     compile_seconds: float = 0.0  # time of the calls that compiled a graph
-    native_bf16_gflops: float = 0.0  # where xenc_lab runs bf16 products as fp32 GEMMs: oneDNN's native bf16 rate
+    bf16_gemm: str = ""  # bfloat16 rows: how xenc_lab's bf16 GEMMs ran ("native", "fp32" or "fp16", layers.bf16_gemm)
+    native_bf16_gflops: float = 0.0  # where they did not run native: oneDNN's native bf16 rate
+    fp32_bf16_gflops: float = 0.0  # where they ran in fp16: the rate of the fp32 route
     attention_path: str = ""  # xenc_lab rows: where its CPU attention ran ("kernel", "tiles" or "sdpa")
     kernel_attention_gflops: float = 0.0  # attention alone at the model's head shapes and the workload's mean length:
     sdpa_attention_gflops: float = 0.0  # xenc_lab's kernel and torch's SDPA (pairs laid out with a key mask),
@@ -77,12 +79,12 @@ def gemm_rate(
     dtype: torch.dtype,
     tokens: int = 4096,
     repeats: int = 10,
-    products_in_fp32: bool | None = None,
+    bf16_gemm: str | None = None,
     device: str | torch.device = "cpu",
 ) -> float:
     """GFLOP/s of the fastest GEMM at the model's projection shapes (tokens x d -> d, 3d, f; f -> d). On the
     CPU: oneDNN with prepacked weights where available, else torch's default; in bfloat16 that is the path
-    xenc_lab takes (``layers.bf16_products_in_fp32``) unless ``products_in_fp32`` says which. On CUDA: torch's
+    xenc_lab takes (``layers.bf16_gemm``) unless ``bf16_gemm`` says which. On CUDA: torch's
     GEMM (cuBLAS) at torch's precision settings."""
     device = torch.device(device)
     _, d, f = encoder_dims(config)
@@ -92,7 +94,7 @@ def gemm_rate(
     for k, n in shapes:
         linear = torch.nn.Linear(k, n, bias=False).to(device=device, dtype=dtype).requires_grad_(False)
         fast = PrepackedLinear.supported(dtype, device)
-        linears[k, n] = PrepackedLinear(linear, products_in_fp32) if fast else linear
+        linears[k, n] = PrepackedLinear(linear, bf16_gemm) if fast else linear
     flop = sum(2 * tokens * k * n for k, n in shapes)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = float("inf")
@@ -214,10 +216,14 @@ def run(
             ours["xenc_lab compiled"] = Scorer(path, device=device, dtype=dtype, compile=True)
         config = ours["xenc_lab"].hf_config
         ceiling = gemm_rate(config, torch_dtype, device=device)
-        native = 0.0
-        if on_cpu and dtype == "bfloat16" and bf16_products_in_fp32():
-            native = gemm_rate(config, torch_dtype, products_in_fp32=False)
-            log(f"bfloat16: xenc_lab runs bf16 products as fp32 GEMMs here, {ceiling:.0f} GFLOP/s; native bf16 GEMMs {native:.0f}")
+        gemm, native, fp32_route = "", 0.0, 0.0
+        if on_cpu and dtype == "bfloat16":
+            gemm = next((m.gemm for m in ours["xenc_lab"].model.modules() if isinstance(m, PrepackedLinear)), "native")
+            if gemm != "native":
+                native = gemm_rate(config, torch_dtype, bf16_gemm="native")
+                fp32_route = gemm_rate(config, torch_dtype, bf16_gemm="fp32") if gemm == "fp16" else 0.0
+                log(f"bfloat16: xenc_lab's bf16 GEMMs run in {gemm} here, {ceiling:.0f} GFLOP/s; native bf16 GEMMs "
+                    f"{native:.0f}" + (f", the fp32 route {fp32_route:.0f}" if fp32_route else ""))
         for workload, pairs in workloads:
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
@@ -262,7 +268,8 @@ def run(
                     mean_tokens=float(enc.lengths.mean()), pairs_per_s=rate, ratio=rate / base,
                     gflops=gflop / seconds, ceiling_share=gflop / seconds / ceiling,
                     max_abs_delta=float(np.abs(np.asarray(outs[name]) - exact).max()), seconds=seconds,
-                    oracle_drift=drift, native_bf16_gflops=native, device=device.type,
+                    oracle_drift=drift, bf16_gemm=gemm, native_bf16_gflops=native, fp32_bf16_gflops=fp32_route,
+                    device=device.type,
                 )
                 if name in ours and attention:
                     row.attention_path = attention_path
@@ -312,6 +319,24 @@ def machine(device: str | torch.device = "cpu") -> str:
     return host
 
 
+_FP32_NOTE = (
+    "xenc_lab runs its bf16 products as fp32 GEMMs on the bf16 values instead: the products of bf16 numbers are exact "
+    "in fp32, the sums are fp32 and the output is rounded to bf16 once, as in a bf16 GEMM."
+)
+_OWN_FP32_NOTE = (
+    " Its GEMM is xenc_lab's own around oneDNN's fp32 brgemm ukernel: each block of input rows is widened in cache, "
+    "and the bias, GELU or residual and the rounding are applied to each output tile in cache."
+)
+_FP16_NOTE = (
+    "xenc_lab runs its bf16 GEMMs in fp16 instead (AVX512-FP16: 32 multiply-adds per FMA, twice an fp32 FMA's, at "
+    "the same rate): bf16 values are exact in fp16 once scaled by powers of two, the sums run in fp16 over 64 "
+    "consecutive products and in fp32 across them, and the output is rounded to bf16 once; the bias, GELU or "
+    "residual and the rounding are applied to each output tile in cache. The fp32 route (fp32 GEMMs on the bf16 "
+    "values, as exact as a bf16 GEMM) ran at {fp32:.0f} GFLOP/s; `XENC_LAB_BF16_GEMM=fp32` takes it. The fp16 "
+    "sums' rounding shows in `max abs delta` next to sentence-transformers' own bf16 error."
+)
+
+
 def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
     """reports/throughput.md and reports/throughput.png from benchmark rows, and the rows themselves with the
     machine and the command in reports/throughput.json (for comparing runs)."""
@@ -347,17 +372,14 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     ceilings = {r.dtype: r.gflops / r.ceiling_share for r in rows if r.ceiling_share}
     lines += ["", "GEMM rate measured at the model's shapes (the ceiling): "
               + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in ceilings.items()) + "."]
-    native = max((r.native_bf16_gflops for r in rows if r.dtype == "bfloat16"), default=0.0)
-    if native:
-        lines += ["", f"On this CPU oneDNN's native bf16 GEMMs ran at {native:.0f} GFLOP/s: without AMX, an Intel core "
-                  "issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 FMAs. xenc_lab "
-                  "runs its bf16 products as fp32 GEMMs on the bf16 values instead: the products of bf16 numbers are "
-                  "exact in fp32, the sums are fp32 and the output is rounded to bf16 once, as in a bf16 GEMM; the "
-                  "weights and activations stay bf16. " + ("Its GEMM is xenc_lab's own around oneDNN's fp32 brgemm "
-                  "ukernel: each block of input rows is widened in cache, and the bias, GELU or residual and the "
-                  "rounding are applied to each output tile in cache. " if gemm_available() else "")
-                  + "The bf16 ceiling above is that path's rate. "
-                  "sentence-transformers' bf16 runs native."]
+    bf16 = next((r for r in rows if r.dtype == "bfloat16" and r.native_bf16_gflops), None)
+    if bf16:
+        lines += ["", f"On this CPU oneDNN's native bf16 GEMMs ran at {bf16.native_bf16_gflops:.0f} GFLOP/s: without AMX, an "
+                  "Intel core issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 FMAs. "
+                  + (_FP16_NOTE.format(fp32=bf16.fp32_bf16_gflops) if bf16.bf16_gemm == "fp16" else _FP32_NOTE
+                     + (_OWN_FP32_NOTE if gemm_available() else ""))
+                  + " The weights and activations stay bf16, and the bf16 ceiling above is the rate of the GEMM "
+                  "xenc_lab ran. sentence-transformers' bf16 runs native."]
     attention = {(r.workload, r.dtype): r for r in rows if r.attention_path}
     if attention:
         lines += ["", "Attention alone at the model's head shapes, on 4096-token batches of pairs of the workload's mean "

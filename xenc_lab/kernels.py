@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -30,7 +31,7 @@ _NAME = "xenc_lab_kernels"
 
 _lock = threading.Lock()
 # Answers found once per process: "loaded" (the extension's ops are in torch.ops.xenc_lab), ("tiles", dtype) (the
-# tile path runs at dtype), "gemm" (linear_bf16 runs).
+# tile path runs at dtype), "gemm" (linear_bf16 runs), "half gemm" (linear_half runs).
 _answers: dict[object, bool] = {}
 
 
@@ -86,6 +87,10 @@ def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale
 
 
 def _linear_bf16_fake(x, blocks, bias, out_features, activation, residual):
+    return x.new_empty((x.shape[0], out_features))
+
+
+def _linear_half_fake(x, blocks, weight_exponent, bias, out_features, activation, residual):
     return x.new_empty((x.shape[0], out_features))
 
 
@@ -153,6 +158,7 @@ def _build() -> bool:
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
         torch.library.register_fake("xenc_lab::linear_bf16", _linear_bf16_fake)
+        torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
         logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", _reason(e))
@@ -327,3 +333,72 @@ def linear_bf16_cpu(
     (a bf16 GEMM's arithmetic); x widened a block at a time in cache, bias, GELU, residual and rounding applied to
     each output tile in cache. Callers check ``gemm_available()`` first."""
     return torch.ops.xenc_lab.linear_bf16(x, blocks, bias, out_features, activation, residual)
+
+
+HALF_GEMM_COLS = 128  # columns of W^T per packed block of ``linear_half`` (kHalfCols in the C++ source)
+HALF_GEMM_CHUNK = 64  # consecutive k summed in float16 before the float32 sum (kHalfChunk)
+HALF_GEMM_ROW_MAX = 7  # each row of x is scaled so that its largest element is below 2^7 (kHalfRowMax)
+
+
+def half_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """A linear layer's (N, K) weight and (N,) bias (or None) in ``linear_half``'s layout: float16 blocks
+    (ceil(N / 128), K, 128) of W^T scaled by 2^t so that its largest element lies in [1, 2), t, and a float32
+    (ceil(N / 128) * 128,) bias; zero-padded past N. A bfloat16 weight is exact in these blocks but for elements
+    below 2^-14 of the largest, which fall to float16's subnormals (at most 2^-25 of the largest off)."""
+    n, k = weight.shape
+    largest = weight.detach().abs().max().item() if weight.numel() else 0.0
+    if not math.isfinite(largest):
+        raise ValueError(f"the float16 GEMM needs a finite weight, got one whose largest magnitude is {largest}")
+    exponent = 1 - math.frexp(largest)[1] if largest > 0 else 0  # largest * 2^exponent in [1, 2)
+    width = -(-n // HALF_GEMM_COLS) * HALF_GEMM_COLS
+    wt = torch.zeros(k, width, dtype=torch.float32)
+    wt[:, :n] = torch.ldexp(weight.detach().t().float(), torch.tensor(float(exponent)))
+    padded = torch.zeros(width, dtype=torch.float32)
+    if bias is not None:
+        padded[:n] = bias.detach().float()
+    blocks = wt.half().view(k, width // HALF_GEMM_COLS, HALF_GEMM_COLS).permute(1, 0, 2).contiguous()
+    return blocks, exponent, padded
+
+
+@torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
+def half_gemm_available() -> bool:
+    """Whether ``linear_half`` runs here: a build for a CPU with AVX512-FP16, checked once per process on a small
+    problem (a partial block of rows and of columns, more than one chunk of k, GELU and residual) against the
+    exact result."""
+    if not _available() or not torch.ops.xenc_lab.half_gemm_built():
+        return False
+    return _once("half gemm", _half_gemm_check)
+
+
+def _half_gemm_check() -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(*shape, generator=g) for shape in ((100, 136), (150, 136), (150,)))
+    residual = torch.randn(100, 150, generator=g).bfloat16()
+    x, weight = x.bfloat16(), weight.bfloat16()
+    blocks, exponent, padded = half_blocks(weight, bias)
+    product = x.double() @ weight.double().t() + bias.double()
+    # float16 sums err in proportion to the terms' magnitudes, not to the result's: measured against sum |x| |w|
+    scale = 1 + x.double().abs() @ weight.double().abs().t() + residual.double().abs()
+    expected = {"gelu": torch.nn.functional.gelu(product), "none": product + residual.double()}
+    return all(  # about 1e-3 here; a wrong layout or scale is off by tenths
+        _agrees(f"fp16 GEMM ({activation})", lambda a=activation: torch.ops.xenc_lab.linear_half(
+            x, blocks, exponent, padded, 150, a, residual if a == "none" else None).double() / scale,
+            want / scale, torch.finfo(torch.bfloat16).eps, "using the fp32 GEMM")
+        for activation, want in expected.items()
+    )
+
+
+def linear_half_cpu(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    weight_exponent: int,
+    bias: torch.Tensor,
+    out_features: int,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x W^T + bias, then exact GELU (``activation="gelu"``) or ``+ residual``, rounded once to bfloat16, with
+    the products and sums in float16 over chunks of 64 consecutive k and the chunks summed in float32: x is (M, K)
+    bfloat16 with contiguous columns, each row scaled by a power of two of its own (undone in float32);
+    ``blocks``, ``weight_exponent`` and ``bias`` from ``half_blocks``. Callers check ``half_gemm_available()``."""
+    return torch.ops.xenc_lab.linear_half(x, blocks, weight_exponent, bias, out_features, activation, residual)

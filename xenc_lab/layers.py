@@ -18,7 +18,16 @@ from torch import nn
 from .batch import PackedBatch
 from .config import env_choice
 from .cpuinfo import cpu_info
-from .kernels import gemm_available, gemm_blocks, layer_norm_cpu, linear_bf16_cpu, packed_attention_cpu
+from .kernels import (
+    gemm_available,
+    gemm_blocks,
+    half_blocks,
+    half_gemm_available,
+    layer_norm_cpu,
+    linear_bf16_cpu,
+    linear_half_cpu,
+    packed_attention_cpu,
+)
 from .tuning import PATHS, cpu_attention_path
 
 
@@ -166,37 +175,53 @@ def fuse_linears(*parts: nn.Linear) -> nn.Linear:
     return fused
 
 
-def bf16_products_in_fp32() -> bool:
-    """Whether bfloat16 GEMMs run as float32 GEMMs on the bfloat16 values here (``PrepackedLinear``).
+BF16_GEMMS = ("native", "fp32", "fp16")
 
-    The products of bf16 numbers are exact in fp32, and a bf16 GEMM sums them in fp32 and rounds once to bf16:
-    an fp32 GEMM on the widened values does the same arithmetic (outputs equal to the bit but for the order of
-    the fp32 sums). It is the faster way on Intel CPUs without AMX: there the bf16 dot-product instruction
-    (AVX512-BF16) issues once per cycle against two fp32 FMAs, and oneDNN's bf16 GEMMs measured 150-170
-    GFLOP/s against 250-300 for fp32 on a 2-core Xeon, widening included. With AMX, and on AMD cores (whose
-    bf16 dot product does the work of two FMAs), bf16 GEMMs stay native. ``XENC_LAB_BF16_GEMM=native`` or
-    ``=fp32`` overrides the choice."""
-    forced = env_choice("XENC_LAB_BF16_GEMM", ("native", "fp32"))
+
+def bf16_gemm() -> str:
+    """How bfloat16 linear layers multiply on this CPU (``PrepackedLinear``):
+
+    - ``"native"``: oneDNN's bf16 GEMM (AMX; AMD cores, whose bf16 dot product does the work of two fp32 FMAs).
+    - ``"fp32"``: float32 FMAs on the bf16 values. The products of bf16 numbers are exact in fp32, and a bf16 GEMM
+      sums them in fp32 and rounds once to bf16: the same arithmetic, but for the order of the sums. On Intel cores
+      without AMX the bf16 dot product (AVX512-BF16) issues once per cycle against two fp32 FMAs (oneDNN's bf16
+      GEMMs measured 150-170 GFLOP/s against 250-300 for fp32 on a 2-core Xeon).
+    - ``"fp16"``: xenc_lab's float16 GEMM (``kernels.linear_half_cpu``), on Intel CPUs without AMX that have
+      AVX512-FP16: an fp16 FMA does twice an fp32 FMA's multiply-adds at the same rate. bf16 values are exact in
+      fp16 once scaled by powers of two; the sums run in fp16 over 64 consecutive products and in fp32 across
+      them. Each fp16 step rounds to 11 bits, a little below the 8 the bf16 result keeps: on MiniLM-L6 the logits'
+      error against fp32 stayed within 0.9-1.2x that of sentence-transformers' own bf16 (the fp32 route: 0.8-1.1x),
+      and the model ran 1.45x faster than on the fp32 route (measured).
+
+    The default is the fastest of these here; ``XENC_LAB_BF16_GEMM`` forces one (``fp16`` falls back to ``fp32``
+    where it cannot run)."""
+    forced = env_choice("XENC_LAB_BF16_GEMM", BF16_GEMMS)
     if forced:
-        return forced == "fp32"
+        return forced
     cpu = cpu_info()
-    return platform.machine() in ("x86_64", "AMD64") and cpu.vendor == "GenuineIntel" and "amx_bf16" not in cpu.flags
+    if platform.machine() not in ("x86_64", "AMD64") or cpu.vendor != "GenuineIntel" or "amx_bf16" in cpu.flags:
+        return "native"
+    return "fp16" if half_gemm_available() else "fp32"
 
 
 class PrepackedLinear(nn.Module):
-    """A Linear whose weight oneDNN has reordered once, at load, into its blocked layout (CPU, float32 and
-    bfloat16). Where ``bf16_products_in_fp32()``, a bfloat16 layer keeps a float32 copy of its weight, packed,
-    and runs its GEMM in float32 on the widened input, rounding the output to bfloat16 once: in xenc_lab's own
-    GEMM (``kernels.linear_bf16_cpu``, where ``kernels.gemm_available()``; ``fused``), which widens the input a
-    block of rows at a time and adds the bias, GELU or residual and rounds each output tile while it is in cache
-    (1.06-1.25x the rate of the same GEMM through torch's ops at MiniLM's shapes, +14-17% eager bf16 pairs/s),
-    else by torch's ops around oneDNN's GEMM (a pass over memory for each widening and rounding).
+    """A Linear whose weight is packed once, at load, for the CPU GEMM that runs it (float32 and bfloat16).
 
-    torch's CPU GEMMs take the weight as it is on every call: MKL in float32 (which on this project's AMD
-    CPUs ran at under half of oneDNN's rate, measured), oneDNN with a reorder per call in bfloat16. Prepacked
-    oneDNN GEMMs skip both costs. In bfloat16 the products are the same to the bit; in float32 they round
-    differently from MKL's (by float32 rounding, about 1e-7 relative), and like MKL's, a row's result does
-    not depend on the other rows once there are 12 or more (measured). ``weight`` and ``bias`` stay as they were.
+    A float32 layer, and a bfloat16 one where ``gemm`` is ``"native"``, runs oneDNN's GEMM on its weight reordered
+    once into oneDNN's blocked layout. torch's CPU GEMMs take the weight as it is on every call: MKL in float32
+    (which on this project's AMD CPUs ran at under half of oneDNN's rate, measured), oneDNN with a reorder per call
+    in bfloat16. Prepacked oneDNN GEMMs skip both costs. In bfloat16 the products are the same to the bit; in
+    float32 they round differently from MKL's (by float32 rounding, about 1e-7 relative), and like MKL's, a row's
+    result does not depend on the other rows once there are 12 or more (measured).
+
+    The other bfloat16 GEMMs (``bf16_gemm``) are xenc_lab's own, with the bias, GELU or residual and the rounding
+    to bfloat16 applied to each output tile while it is in cache:
+    - ``"fp16"``: float16 FMAs (``kernels.linear_half_cpu``) on a float16 copy of the weight, scaled;
+    - ``"fp32"``: float32 FMAs on a float32 copy of the weight, each block of input rows widened in cache
+      (``kernels.linear_bf16_cpu``; 1.06-1.25x the rate of the same GEMM through torch's ops at MiniLM's shapes),
+      or, where that kernel does not run or ``fused=False`` asks (benchmarks compare them), torch's ops around
+      oneDNN's float32 GEMM (a pass over memory for each widening and rounding).
+    Each falls back to the next where it does not run here. ``weight`` and ``bias`` stay as they were.
 
     Under torch.compile the GEMM is one opaque op, ``xenc_lab::prepacked_linear`` (inductor cannot lower
     oneDNN's packed float32 weights itself): the compiled graph keeps these GEMMs and fuses what lies
@@ -204,20 +229,30 @@ class PrepackedLinear(nn.Module):
 
     _keys = itertools.count()
 
-    def __init__(self, linear: nn.Linear, products_in_fp32: bool | None = None, fused: bool | None = None):
+    def __init__(self, linear: nn.Linear, gemm: str | None = None, fused: bool | None = None):
         super().__init__()
+        if gemm is not None and gemm not in BF16_GEMMS:
+            raise ValueError(f"gemm must be None or one of {', '.join(BF16_GEMMS)}, got {gemm!r}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        if products_in_fp32 is None:
-            products_in_fp32 = linear.weight.dtype == torch.bfloat16 and bf16_products_in_fp32()
-        self.products_in_fp32 = products_in_fp32 and linear.weight.dtype == torch.bfloat16
-        # Our GEMM where it runs here (``fused=False`` asks for torch's ops around oneDNN's, as benchmarks compare).
-        self.fused = (fused is None or fused) and self.products_in_fp32 and gemm_available()
+        if linear.weight.dtype != torch.bfloat16:
+            gemm = "native"
+        elif gemm is None:
+            gemm = bf16_gemm()
+        if gemm == "fp16" and not (half_gemm_available() and bool(linear.weight.isfinite().all())):
+            gemm = "fp32"
+        self.gemm = gemm
+        # xenc_lab's GEMMs: the fp16 one, or the fp32 one where it runs here unless ``fused=False`` asks for torch's
+        # ops around oneDNN's fp32 GEMM (benchmarks compare them).
+        self.fused = gemm == "fp16" or (gemm == "fp32" and (fused is None or fused) and gemm_available())
         weight, self._bias = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
-        if self.fused:  # xenc_lab's GEMM: its own blocked fp32 copy of the weight
+        self._exponent = 0
+        if gemm == "fp16":  # xenc_lab's fp16 GEMM: its own blocked, scaled fp16 copy of the weight
+            self.packed, self._exponent, self._bias = half_blocks(weight, self._bias)
+        elif self.fused:  # xenc_lab's fp32 GEMM: its own blocked fp32 copy of the weight
             self.packed, self._bias = gemm_blocks(weight, self._bias)
         else:
-            if self.products_in_fp32:
+            if gemm == "fp32":
                 weight, self._bias = weight.float(), None if self._bias is None else self._bias.float()
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self._rows: dict[tuple[int, int], PrepackedLinear] = {}
@@ -239,13 +274,13 @@ class PrepackedLinear(nn.Module):
             part.weight = nn.Parameter(self.weight[start:stop], requires_grad=False)
             if self.bias is not None:
                 part.bias = nn.Parameter(self.bias[start:stop], requires_grad=False)
-            self._rows[start, stop] = PrepackedLinear(part, self.products_in_fp32, self.fused)
+            self._rows[start, stop] = PrepackedLinear(part, self.gemm, self.fused)
         return self._rows[start, stop]
 
     def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
         if residual is not None and activation != "none":
             raise ValueError(f"a residual is added to the plain product only, not after {activation!r}")
-        if self.fused:
+        if self.fused:  # xenc_lab's GEMMs
             rows = x.reshape(-1, self.in_features)
             if rows.stride(-1) != 1:
                 rows = rows.contiguous()
@@ -253,10 +288,13 @@ class PrepackedLinear(nn.Module):
                 residual = residual.reshape(-1, self.out_features)
                 if residual.stride(-1) != 1:
                     residual = residual.contiguous()
-            y = linear_bf16_cpu(rows, self.packed, self._bias, self.out_features, activation, residual)
+            if self.gemm == "fp16":
+                y = linear_half_cpu(rows, self.packed, self._exponent, self._bias, self.out_features, activation, residual)
+            else:
+                y = linear_bf16_cpu(rows, self.packed, self._bias, self.out_features, activation, residual)
             return y.view(*x.shape[:-1], self.out_features)
         dtype = x.dtype
-        if self.products_in_fp32:
+        if self.gemm == "fp32":
             x, residual = x.float(), None if residual is None else residual.float()
         if residual is not None:
             y = torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), self.packed, self._bias, "add")
@@ -270,7 +308,7 @@ class PrepackedLinear(nn.Module):
     ) -> torch.Tensor:
         """Output features start:stop of the layer on x (plus ``residual``, if given)."""
         if torch.compiler.is_compiling():
-            if self.products_in_fp32 and not self.fused:  # widen and round outside the opaque op: inductor fuses them with neighbours
+            if self.gemm == "fp32" and not self.fused:  # widen and round outside the opaque op: inductor fuses them with neighbours
                 residual = None if residual is None else residual.float()
                 return _prepacked_linear(x.float(), self.key, start, stop, activation, residual).to(x.dtype)
             return _prepacked_linear(x, self.key, start, stop, activation, residual)
