@@ -1195,7 +1195,9 @@ constexpr int64_t kGemmCols = 64;  // columns of W^T per block: a 96 x 64 fp32 o
 XENC_INLINE vf erf_as(vf x) {
   const vf sign = _mm512_and_ps(x, splat(-0.f));
   const vf a = _mm512_andnot_ps(splat(-0.f), x);
-  const vf t = _mm512_div_ps(splat(1.f), fma(splat(0.3275911f), a, splat(1.f)));
+  const vf d = fma(splat(0.3275911f), a, splat(1.f));
+  vf t = _mm512_rcp14_ps(d);  // 1 / d to 14 bits, then one Newton step (a division would cost more than the rest)
+  t = fma(_mm512_fnmadd_ps(d, t, splat(1.f)), t, t);
   vf r = fma(splat(1.061405429f), t, splat(-1.453152027f));
   r = fma(r, t, splat(1.421413741f));
   r = fma(r, t, splat(-0.284496736f));
@@ -1315,7 +1317,9 @@ constexpr int kHalfRowMax = 7;          // each row of x is scaled so that its l
 
 // sums[r][c] (fp32, kHalfRows x kHalfCols) = rows P[r] (fp16 pairs, ldp apart) times W^T block B (K x kHalfCols).
 XENC_INLINE void half_tile(const uint32_t* P, int64_t ldp, const Half* B, int64_t K, float* sums) {
-  std::fill(sums, sums + kHalfRows * kHalfCols, 0.f);
+  if (K == 0) {
+    std::fill(sums, sums + kHalfRows * kHalfCols, 0.f);
+  }
   for (int64_t k0 = 0; k0 < K; k0 += kHalfChunk) {
     __m512h acc[kHalfRows][kHalfVecs];
 #pragma GCC unroll 8
@@ -1347,8 +1351,10 @@ XENC_INLINE void half_tile(const uint32_t* P, int64_t ldp, const Half* B, int64_
       for (int c = 0; c < kHalfVecs; ++c) {
         const __m512i bits = _mm512_castph_si512(acc[r][c]);
         float* out = sums + r * kHalfCols + 32 * c;
-        store(out, load(out) + _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_castsi512_si256(bits))));
-        store(out + 16, load(out + 16) + _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_extracti64x4_epi64(bits, 1))));
+        const vf lo = _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_castsi512_si256(bits)));
+        const vf hi = _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_extracti64x4_epi64(bits, 1)));
+        store(out, k0 == 0 ? lo : load(out) + lo);
+        store(out + 16, k0 == 0 ? hi : load(out + 16) + hi);
       }
     }
   }
