@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from torch import nn
 
 from xenc_lab import Scorer

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from xenc_lab import kernels
 from xenc_lab.batch import pack
 from xenc_lab.cpuinfo import CpuInfo
-from xenc_lab.tokenize import Encodings
 from xenc_lab.layers import (
     PrepackedLinear,
     first_token_attention,
@@ -20,6 +19,7 @@ from xenc_lab.layers import (
     prepack_linears,
     split_first,
 )
+from xenc_lab.tokenize import Encodings
 
 from .test_batch import encodings
 

@@ -40,7 +40,7 @@ class PackedBatch:
     pairs: np.ndarray  # (P,) which input pair each sequence is; sequences past P are shape filler
     num_tokens: int  # real tokens, without the filler
 
-    def to(self, device: torch.device) -> "PackedBatch":
+    def to(self, device: torch.device) -> PackedBatch:
         moved = {}
         for name in self.__slots__:
             value = getattr(self, name)

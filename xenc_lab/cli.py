@@ -88,7 +88,6 @@ def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import bench as B
-
     from .workloads import load_pairs
 
     workloads = list(args.workloads or ([] if args.pairs_file else ["short", "mixed", "long"]))

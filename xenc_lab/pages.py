@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 ATTENTION_SLACK = 1.1  # padded attention slots per real token a batch may hold
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch

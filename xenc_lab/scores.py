@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
+from tokenizers.normalizers import Lowercase
+from tokenizers.normalizers import Sequence as NormalizerSequence
 from transformers import AutoTokenizer, PretrainedConfig
 
 from .st_format import CrossEncoderSave

@@ -2,10 +2,10 @@
 PackedBatch and returns (B, num_labels) logits."""
 from __future__ import annotations
 
+from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 from .deberta_v2 import DebertaV2ForSequenceClassification
 from .distilbert import DistilBertForSequenceClassification
 from .modernbert import ModernBertForSequenceClassification
-from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 
 ARCHITECTURES = {
     "BertForSequenceClassification": BertForSequenceClassification,
