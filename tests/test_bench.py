@@ -37,7 +37,7 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
     assert [bench.BenchRow(**r) for r in record["rows"]] == rows
 
 
-def test_report_says_when_bf16_products_run_as_fp32_gemms_here(tmp_path):
+def test_report_says_how_bf16_gemms_ran_here(tmp_path):
     rows = [
         bench.BenchRow("short", dtype, "xenc_lab", 8, 90.0, 10.0, 1.4, gflops, 0.9, 1e-2, 0.8, native_bf16_gflops=native)
         for dtype, gflops, native in (("float32", 200.0, 0.0), ("bfloat16", 180.0, 130.0))
@@ -45,6 +45,10 @@ def test_report_says_when_bf16_products_run_as_fp32_gemms_here(tmp_path):
     text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
     assert "float32 222 GFLOP/s, bfloat16 200 GFLOP/s" in text
     assert "native bf16 GEMMs ran at 130 GFLOP/s" in text and "as fp32 GEMMs on the bf16 values" in text
+    rows[1].bf16_gemm, rows[1].fp32_bf16_gflops = "fp16", 290.0  # where the fp16 GEMM ran
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
+    assert "runs its bf16 GEMMs in fp16 instead" in text and "The fp32 route" in text and "ran at 290 GFLOP/s" in text
+    assert "as fp32 GEMMs on the bf16 values instead" not in text
 
 
 def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):

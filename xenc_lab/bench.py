@@ -19,7 +19,7 @@ import torch
 from .config import DTYPES, resolve_device, whole_number
 from .cpuinfo import cpu_info
 from .kernels import gemm_available
-from .layers import PrepackedLinear, bf16_gemm
+from .layers import PrepackedLinear
 from .tuning import attention_rates, cpu_attention_path
 from .workloads import make_pairs
 
