@@ -14,7 +14,7 @@ from xenc_lab import kernels
 from xenc_lab.cpuinfo import cpu_info
 from xenc_lab.layers import PrepackedLinear
 
-from .test_bf16_gemm import exact, problem
+from .test_bf16_gemm import assert_compiled_as_one_op_on_bf16, exact, needs_onednn_bf16, problem
 
 # Built is enough to run the op's own tests: a build whose self-check fails must fail them, not skip them.
 needs_half_gemm = pytest.mark.skipif(
@@ -250,11 +250,6 @@ def test_the_self_check_turns_away_a_wrong_layout_or_scale(monkeypatch):
     assert kernels._half_gemm_check() is True
 
 
-needs_onednn_bf16 = pytest.mark.skipif(
-    not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")), reason="needs oneDNN bfloat16 on this CPU"
-)
-
-
 @needs_half_gemm
 @needs_onednn_bf16
 def test_prepacked_linear_runs_it_for_gemm_fp16():
@@ -293,13 +288,5 @@ def test_asked_for_where_it_cannot_run_the_layer_takes_the_fp32_route(monkeypatc
 def test_compiled_it_stays_one_op_on_bf16_tensors():
     torch.manual_seed(1)
     linear = PrepackedLinear(torch.nn.Linear(64, 96).to(torch.bfloat16).requires_grad_(False), gemm="fp16")
-    x, residual = torch.randn(50, 64, dtype=torch.bfloat16), torch.randn(50, 96, dtype=torch.bfloat16)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda x, r: linear(x, residual=r), backend="eager", fullgraph=True)
-    assert torch.equal(compiled(x, residual), linear(x, residual=residual))
-    graphs = []
-    torch._dynamo.reset()
-    torch.compile(lambda x: linear(x, activation="gelu"), backend=lambda gm, _: graphs.append(gm) or gm, fullgraph=True)(x)
-    ops = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
-    assert torch.ops.xenc_lab.prepacked_linear.default in ops
-    assert not any("to" in str(op) or "_to_copy" in str(op) for op in ops), ops
+    assert linear.gemm == "fp16"
+    assert_compiled_as_one_op_on_bf16(linear)

@@ -1206,36 +1206,61 @@ XENC_INLINE vf erf_as(vf x) {
   return _mm512_or_ps(_mm512_fnmadd_ps(r * t, e, splat(1.f)), sign);
 }
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
-              "linear_bf16 takes a 2-D bfloat16 CPU tensor, got ", x.scalar_type(), " of shape ", x.sizes());
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  TORCH_CHECK(K <= 1 || x.stride(1) == 1, "linear_bf16 needs contiguous columns, got strides ", x.strides());
-  TORCH_CHECK(blocks.dim() == 3 && blocks.size(1) == K && blocks.size(2) == kGemmCols && blocks.is_contiguous() &&
-                  blocks.scalar_type() == at::kFloat,
-              "linear_bf16's weight must be float32 blocks (N / ", kGemmCols, ", ", K, ", ", kGemmCols, "), got ",
-              blocks.scalar_type(), " ", blocks.sizes());
-  const int64_t nblk = blocks.size(0);
-  TORCH_CHECK(N > 0 && (N + kGemmCols - 1) / kGemmCols == nblk, "out_features ", N, " does not fit ", nblk,
-              " blocks of ", kGemmCols, " columns");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == nblk * kGemmCols && bias.is_contiguous() &&
+// The arguments both bf16 GEMMs take: x (M, K) bf16 with contiguous columns; W^T in blocks (N / cols, K, cols) of
+// `block_dtype`, zero-padded; a float32 bias padded likewise; "none" or "gelu"; an optional (M, N) bf16 residual.
+struct LinearArgs {
+  int64_t M, K, N, nblk;
+  bool gelu;
+  const BFloat16* res;
+  int64_t res_stride;
+};
+
+LinearArgs check_linear(const char* name, const at::Tensor& x, const at::Tensor& blocks, at::ScalarType block_dtype,
+                        int64_t cols, const at::Tensor& bias, int64_t out_features, c10::string_view activation,
+                        const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16, name,
+              " takes a 2-D bfloat16 CPU tensor, got ", x.scalar_type(), " of shape ", x.sizes());
+  LinearArgs a{x.size(0), x.size(1), out_features, blocks.dim() == 3 ? blocks.size(0) : 0, activation == "gelu",
+               nullptr, 0};
+  TORCH_CHECK(a.K <= 1 || x.stride(1) == 1, name, " needs contiguous columns, got strides ", x.strides());
+  TORCH_CHECK(blocks.dim() == 3 && blocks.size(1) == a.K && blocks.size(2) == cols && blocks.is_contiguous() &&
+                  blocks.scalar_type() == block_dtype,
+              name, "'s weight must be ", block_dtype == at::kHalf ? "float16" : "float32", " blocks (N / ", cols,
+              ", ", a.K, ", ", cols, "), got ", blocks.scalar_type(), " ", blocks.sizes());
+  TORCH_CHECK(a.N > 0 && (a.N + cols - 1) / cols == a.nblk, "out_features ", a.N, " does not fit ", a.nblk,
+              " blocks of ", cols, " columns");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == a.nblk * cols && bias.is_contiguous() &&
                   bias.scalar_type() == at::kFloat,
-              "linear_bf16's bias must be a float32 (", nblk * kGemmCols, ",) tensor, got ", bias.sizes());
-  const bool gelu = activation == "gelu";
-  TORCH_CHECK(gelu || activation == "none", "linear_bf16's activation is \"none\" or \"gelu\", got ", activation);
-  const BFloat16* res = nullptr;
-  int64_t res_stride = 0;
+              name, "'s bias must be a float32 (", a.nblk * cols, ",) tensor, got ", bias.sizes());
+  TORCH_CHECK(a.gelu || activation == "none", name, "'s activation is \"none\" or \"gelu\", got ", activation);
   if (residual.has_value()) {
     const at::Tensor& r = *residual;
-    TORCH_CHECK(!gelu, "linear_bf16 adds a residual to the plain product only");
-    TORCH_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == at::kBFloat16 &&
-                    (N <= 1 || r.stride(1) == 1),
-                "linear_bf16's residual must be a bfloat16 (", M, ", ", N, ") tensor with contiguous columns, got ",
+    TORCH_CHECK(!a.gelu, name, " adds a residual to the plain product only");
+    TORCH_CHECK(r.dim() == 2 && r.size(0) == a.M && r.size(1) == a.N && r.scalar_type() == at::kBFloat16 &&
+                    (a.N <= 1 || r.stride(1) == 1),
+                name, "'s residual must be a bfloat16 (", a.M, ", ", a.N, ") tensor with contiguous columns, got ",
                 r.scalar_type(), " ", r.sizes());
-    res = r.const_data_ptr<BFloat16>();
-    res_stride = r.stride(0);
+    a.res = r.const_data_ptr<BFloat16>();
+    a.res_stride = r.stride(0);
   }
+  return a;
+}
+
+// The last step of both: exact GELU, or + the residual's n lanes at `res` (where there is one).
+XENC_INLINE vf finish(vf v, bool gelu, const BFloat16* res, int64_t n) {
+  if (gelu) {
+    return v * splat(0.5f) * (splat(1.f) + erf_as(v * splat(0.70710678118654752f)));
+  }
+  return res ? v + load_first(res, n) : v;
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
+  const LinearArgs args =
+      check_linear("linear_bf16", x, blocks, at::kFloat, kGemmCols, bias, out_features, activation, residual);
+  const int64_t M = args.M, K = args.K, N = args.N, nblk = args.nblk, res_stride = args.res_stride;
+  const bool gelu = args.gelu;
+  const BFloat16* res = args.res;
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) {
     return y;
@@ -1259,7 +1284,8 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::
         for (int64_t r = 0; r < rows; ++r) {
           const BFloat16* src = X + (m0 + r) * x_stride;
           for (int64_t c = 0; c < K; c += 16) {
-            store_first(A + r * ldk + c, load_first(src + c, std::min<int64_t>(16, K - c)), std::min<int64_t>(16, K - c));
+            const int64_t n = std::min<int64_t>(16, K - c);
+            store_first(A + r * ldk + c, load_first(src + c, n), n);
           }
         }
         widened = mi;
@@ -1275,13 +1301,8 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::
         BFloat16* out = Y + (m0 + r) * N + n0;
         for (int64_t c = 0; c < cols; c += 16) {
           const int64_t n = std::min<int64_t>(16, cols - c);
-          vf v = load(C + r * kGemmCols + c) + loadu(B + n0 + c);
-          if (gelu) {
-            v = v * splat(0.5f) * (splat(1.f) + erf_as(v * splat(0.70710678118654752f)));
-          } else if (res) {
-            v = v + load_first(res + (m0 + r) * res_stride + n0 + c, n);
-          }
-          store_first(out + c, v, n);
+          const vf v = load(C + r * kGemmCols + c) + loadu(B + n0 + c);
+          store_first(out + c, finish(v, gelu, res ? res + (m0 + r) * res_stride + n0 + c : nullptr, n), n);
         }
       }
     }
@@ -1383,36 +1404,13 @@ XENC_INLINE float half_row(const BFloat16* src, int64_t K, uint32_t* dst) {
 
 at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t weight_exponent, const at::Tensor& bias,
                        int64_t out_features, c10::string_view activation, const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
-              "linear_half takes a 2-D bfloat16 CPU tensor, got ", x.scalar_type(), " of shape ", x.sizes());
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  TORCH_CHECK(K <= 1 || x.stride(1) == 1, "linear_half needs contiguous columns, got strides ", x.strides());
-  TORCH_CHECK(blocks.dim() == 3 && blocks.size(1) == K && blocks.size(2) == kHalfCols && blocks.is_contiguous() &&
-                  blocks.scalar_type() == at::kHalf,
-              "linear_half's weight must be float16 blocks (N / ", kHalfCols, ", ", K, ", ", kHalfCols, "), got ",
-              blocks.scalar_type(), " ", blocks.sizes());
-  const int64_t nblk = blocks.size(0);
-  TORCH_CHECK(N > 0 && (N + kHalfCols - 1) / kHalfCols == nblk, "out_features ", N, " does not fit ", nblk,
-              " blocks of ", kHalfCols, " columns");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == nblk * kHalfCols && bias.is_contiguous() &&
-                  bias.scalar_type() == at::kFloat,
-              "linear_half's bias must be a float32 (", nblk * kHalfCols, ",) tensor, got ", bias.sizes());
+  const LinearArgs args =
+      check_linear("linear_half", x, blocks, at::kHalf, kHalfCols, bias, out_features, activation, residual);
+  const int64_t M = args.M, K = args.K, N = args.N, nblk = args.nblk, res_stride = args.res_stride;
+  const bool gelu = args.gelu;
+  const BFloat16* res = args.res;
   TORCH_CHECK(std::abs(weight_exponent) <= 126, "linear_half's weight exponent must lie in [-126, 126], got ",
               weight_exponent);
-  const bool gelu = activation == "gelu";
-  TORCH_CHECK(gelu || activation == "none", "linear_half's activation is \"none\" or \"gelu\", got ", activation);
-  const BFloat16* res = nullptr;
-  int64_t res_stride = 0;
-  if (residual.has_value()) {
-    const at::Tensor& r = *residual;
-    TORCH_CHECK(!gelu, "linear_half adds a residual to the plain product only");
-    TORCH_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == at::kBFloat16 &&
-                    (N <= 1 || r.stride(1) == 1),
-                "linear_half's residual must be a bfloat16 (", M, ", ", N, ") tensor with contiguous columns, got ",
-                r.scalar_type(), " ", r.sizes());
-    res = r.const_data_ptr<BFloat16>();
-    res_stride = r.stride(0);
-  }
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) {
     return y;
@@ -1452,13 +1450,9 @@ at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t we
           const vf undo = splat(unscale[r]);
           for (int64_t c = 0; c < cols; c += 16) {
             const int64_t n = std::min<int64_t>(16, cols - c);
-            vf v = fma(load(sums + (r - r0) * kHalfCols + c) * undo, weight_undo, loadu(Bias + n0 + c));  // powers of 2: exact
-            if (gelu) {
-              v = v * splat(0.5f) * (splat(1.f) + erf_as(v * splat(0.70710678118654752f)));
-            } else if (res) {
-              v = v + load_first(res + (m0 + r) * res_stride + n0 + c, n);
-            }
-            store_first(out + c, v, n);
+            // sums * 2^-e * 2^-t is exact: one rounding, in adding the bias
+            const vf v = fma(load(sums + (r - r0) * kHalfCols + c) * undo, weight_undo, loadu(Bias + n0 + c));
+            store_first(out + c, finish(v, gelu, res ? res + (m0 + r) * res_stride + n0 + c : nullptr, n), n);
           }
         }
       }
