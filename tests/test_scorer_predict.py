@@ -161,6 +161,17 @@ def test_repr_names_architecture_device_dtype_page_size_and_token_budget(tiny_di
         assert part in text, (part, text)
 
 
+def test_repr_says_how_a_bf16_model_s_gemms_multiply(tiny_dir, monkeypatch):
+    from xenc_lab.layers import PrepackedLinear
+
+    if not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
+    for gemm in ("native", "fp32"):
+        monkeypatch.setenv("XENC_LAB_BF16_GEMM", gemm)
+        assert f"dtype=bfloat16 (GEMMs: {gemm})," in repr(Scorer(tiny_dir, device="cpu", dtype="bfloat16"))
+    assert "dtype=float32," in repr(Scorer(tiny_dir, device="cpu", dtype="float32"))
+
+
 # -- bad input: a clear error, raised before any batch runs ------------------------------------------
 class _CountingRunner:
     def __init__(self, runner):

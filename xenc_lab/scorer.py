@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from . import kernels
 from .batch import pack
 from .config import ScorerConfig, resolve_device, whole_number
+from .layers import PrepackedLinear
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
 from .pages import bucket_shape, pages_for, plan_batches
 from .runner import ModelRunner
@@ -133,8 +134,11 @@ class Scorer:
     def __repr__(self) -> str:
         c = self.config
         activation = type(self.activation_fn).__name__ if isinstance(self.activation_fn, torch.nn.Module) else repr(self.activation_fn)
+        # How a bf16 model's GEMMs multiply on this CPU ("native", "fp32" or "fp16": layers.bf16_gemm)
+        gemm = next((m.gemm for m in self.model.modules() if isinstance(m, PrepackedLinear)), None)
+        dtype = f"{c.dtype} (GEMMs: {gemm})" if gemm and c.dtype == "bfloat16" else c.dtype
         return (
-            f"Scorer(model={c.model!r}, architecture={self.architecture}, device={c.device!r}, dtype={c.dtype}, "
+            f"Scorer(model={c.model!r}, architecture={self.architecture}, device={c.device!r}, dtype={dtype}, "
             f"page_size={c.page_size}, max_batch_tokens={c.max_batch_tokens}, max_length={self.max_length}, "
             f"num_labels={self.num_labels}, activation={activation}, compile={c.compile})"
         )
