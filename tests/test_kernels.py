@@ -5,7 +5,9 @@ Tolerances: float32 outputs are compared with a float64 reference on the same in
 head_dim 256, where the float32 dot products are long), as torch's own float32 attention.
 bfloat16 (float16) outputs are compared with the float64 reference on the same 16-bit inputs within
 1e-2 (2e-3) * (1 + |ref|), and must equal the correctly rounded reference in almost every element: scores,
-softmax and the weighted sum stay in float32, so only the final rounding is lost.
+softmax and the weighted sum stay in float32, so only the final rounding is lost. Where the build runs bf16
+attention on the bf16 pair dot product (``kernels.paired_bf16``: AMD cores), the softmax numerators are rounded to
+bf16 before they weight the values, and the reference does the same (``kernel_reference``).
 """
 from __future__ import annotations
 
@@ -40,8 +42,10 @@ def offsets(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def reference(q, k, v, cu_q, cu_k, num_heads, scale, window=None) -> torch.Tensor:
-    """float64 attention per sequence and head, with the kernel's conventions (queries are the first tokens)."""
+def reference(q, k, v, cu_q, cu_k, num_heads, scale, window=None, numerators=None) -> torch.Tensor:
+    """float64 attention per sequence and head, with the kernel's conventions (queries are the first tokens).
+    ``numerators`` (a dtype): the softmax numerators exp(s - max) rounded to it before they weight the values,
+    divided by the sum of the unrounded ones."""
     q, k, v = q.double(), k.double(), v.double()
     out = torch.zeros(q.shape, dtype=torch.float64)
     dh = q.shape[1] // num_heads
@@ -55,8 +59,19 @@ def reference(q, k, v, cu_q, cu_k, num_heads, scale, window=None) -> torch.Tenso
         if window is not None:
             i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
             scores = scores.masked_fill((i - j).abs() > window // 2, float("-inf"))
-        out[qs] = (scores.softmax(-1) @ vb).transpose(0, 1).reshape(nq, -1)
+        if numerators is None:
+            weighted = scores.softmax(-1) @ vb
+        else:
+            e = (scores - scores.amax(-1, keepdim=True)).exp()
+            weighted = (e.to(numerators).double() @ vb) / e.sum(-1, keepdim=True)
+        out[qs] = weighted.transpose(0, 1).reshape(nq, -1)
     return out
+
+
+def kernel_reference(q, k, v, cu_q, cu_k, num_heads, scale, window=None) -> torch.Tensor:
+    """``reference`` with the kernel's arithmetic here: bf16 numerators in the paired build."""
+    numerators = torch.bfloat16 if q.dtype == torch.bfloat16 and kernels.paired_bf16() else None
+    return reference(q, k, v, cu_q, cu_k, num_heads, scale, window, numerators)
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -85,7 +100,7 @@ def test_self_attention_matches_reference(attention, dtype, head_dim):
     q, k, v = (x.contiguous() for x in fused_qkv(int(cu[-1]), num_heads, head_dim, dtype, gen))
     out = attention(q, k, v, cu, cu, num_heads, head_dim**-0.5)
     assert out.dtype == dtype
-    assert_matches(out, reference(q, k, v, cu, cu, num_heads, head_dim**-0.5))
+    assert_matches(out, kernel_reference(q, k, v, cu, cu, num_heads, head_dim**-0.5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -94,7 +109,7 @@ def test_any_head_dim_up_to_256(attention, dtype, head_dim):
     gen = torch.Generator().manual_seed(1000 + head_dim)
     cu = offsets([1, 17, 40])
     q, k, v = fused_qkv(int(cu[-1]), 2, head_dim, dtype, gen)
-    assert_matches(attention(q, k, v, cu, cu, 2, 0.3), reference(q, k, v, cu, cu, 2, 0.3))
+    assert_matches(attention(q, k, v, cu, cu, 2, 0.3), kernel_reference(q, k, v, cu, cu, 2, 0.3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -104,7 +119,7 @@ def test_strided_views_of_a_fused_tensor_and_int64_offsets(attention, dtype, hea
     cu = offsets(random_lengths(gen, 5)).long()
     q, k, v = fused_qkv(int(cu[-1]), 4, head_dim, dtype, gen, spread=3.0)  # peaked softmax
     assert q.stride() == (3 * 4 * head_dim, 1)
-    assert_matches(attention(q, k, v, cu, cu, 4, head_dim**-0.5), reference(q, k, v, cu, cu, 4, head_dim**-0.5))
+    assert_matches(attention(q, k, v, cu, cu, 4, head_dim**-0.5), kernel_reference(q, k, v, cu, cu, 4, head_dim**-0.5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -117,9 +132,28 @@ def test_first_token_only(attention, dtype, head_dim, window):
     first = q[cu[:-1].long()]
     cu_first = torch.arange(len(cu), dtype=torch.int32)
     out = attention(first, k, v, cu_first, cu, 3, head_dim**-0.5, window)
-    assert_matches(out, reference(first, k, v, cu_first, cu, 3, head_dim**-0.5, window))
+    assert_matches(out, kernel_reference(first, k, v, cu_first, cu, 3, head_dim**-0.5, window))
     # Each query's arithmetic does not depend on the other queries computed with it: bitwise equal.
     assert torch.equal(out, attention(q, k, v, cu, cu, 3, head_dim**-0.5, window)[cu[:-1].long()])
+
+
+def test_bf16_weighted_sums_take_the_numerators_this_build_says(attention):
+    """The paired build (AMD) rounds the softmax numerators to bf16 before they weight the values; the widened one
+    keeps them fp32. Each build's output is the correctly rounded result of its own arithmetic in almost every
+    element and, on flat softmaxes over many keys, visibly not of the other's."""
+    gen = torch.Generator().manual_seed(11)
+    cu = offsets([300, 257, 120])
+    q, k, v = fused_qkv(int(cu[-1]), 2, 32, torch.bfloat16, gen, spread=0.3)  # flat: many numerators count
+    out = attention(q, k, v, cu, cu, 2, 32**-0.5)
+    rounded = reference(q, k, v, cu, cu, 2, 32**-0.5, numerators=torch.bfloat16)
+    unrounded = reference(q, k, v, cu, cu, 2, 32**-0.5)
+    agree = {
+        name: (out == ref.to(out.dtype)).double().mean().item()
+        for name, ref in [("rounded", rounded), ("unrounded", unrounded)]
+    }
+    ours, other = ("rounded", "unrounded") if kernels.paired_bf16() else ("unrounded", "rounded")
+    assert agree[ours] > 0.99 and agree[other] < 0.95, agree
+    assert_matches(out, kernel_reference(q, k, v, cu, cu, 2, 32**-0.5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -127,7 +161,7 @@ def test_one_long_sequence_split_into_query_blocks(attention, dtype):
     gen = torch.Generator().manual_seed(8)
     cu = offsets([1000])
     q, k, v = fused_qkv(1000, 2, 64, dtype, gen)
-    assert_matches(attention(q, k, v, cu, cu, 2, 0.125), reference(q, k, v, cu, cu, 2, 0.125))
+    assert_matches(attention(q, k, v, cu, cu, 2, 0.125), kernel_reference(q, k, v, cu, cu, 2, 0.125))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,7 +171,7 @@ def test_sliding_window(attention, dtype, window):
     cu = offsets([*random_lengths(gen, 5), 300])
     q, k, v = fused_qkv(int(cu[-1]), 2, 32, dtype, gen)
     out = attention(q, k, v, cu, cu, 2, 32**-0.5, window=window)
-    assert_matches(out, reference(q, k, v, cu, cu, 2, 32**-0.5, window=window))
+    assert_matches(out, kernel_reference(q, k, v, cu, cu, 2, 32**-0.5, window=window))
 
 
 def check_filler_rows_are_zero_and_never_read(attention, dtype, assert_close=None) -> None:
@@ -149,7 +183,7 @@ def check_filler_rows_are_zero_and_never_read(attention, dtype, assert_close=Non
         x[int(cu[-1]) :] = float("nan")
     out = attention(q, k, v, cu, cu, 2, 0.2)
     assert torch.equal(out[int(cu[-1]) :], torch.zeros(13, 64, dtype=dtype))
-    (assert_close or assert_matches)(out[: int(cu[-1])], reference(q, k, v, cu, cu, 2, 0.2)[: int(cu[-1])])
+    (assert_close or assert_matches)(out[: int(cu[-1])], kernel_reference(q, k, v, cu, cu, 2, 0.2)[: int(cu[-1])])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -161,7 +195,7 @@ def test_empty_sequences_and_an_empty_batch(attention):
     gen = torch.Generator().manual_seed(6)
     cu = offsets([0, 3, 0, 0, 9, 0])
     q, k, v = fused_qkv(int(cu[-1]), 2, 16, torch.float32, gen)
-    assert_matches(attention(q, k, v, cu, cu, 2, 0.25), reference(q, k, v, cu, cu, 2, 0.25))
+    assert_matches(attention(q, k, v, cu, cu, 2, 0.25), kernel_reference(q, k, v, cu, cu, 2, 0.25))
     none = torch.zeros(1, dtype=torch.int32)
     assert torch.equal(attention(q, k, v, none, none, 2, 0.25), torch.zeros(12, 32))
 
@@ -282,20 +316,24 @@ def test_a_build_killed_halfway_does_not_block_the_next(tmp_path):
     assert len(list(tmp_path.glob("kernels/*/*/xenc_lab_kernels-*.so"))) == 1
 
 
-# The builds other CPUs get: the bf16 pair dot product (AMD cores with AVX512-BF16) and the generic vectors (no
-# AVX-512: AVX2, NEON, ...). This machine builds them with extra flags and runs the numerical tests above on them.
+# The builds other CPUs get: with AVX512-BF16, bf16 attention on the pair dot product (AMD cores) or on fp32 FMAs
+# (Intel cores), and the generic vectors (no AVX-512: AVX2, NEON, ...). This machine builds them with extra flags
+# and runs the numerical tests above on them. (build: flags, the CPU flag it needs, whether it is this CPU's own)
 OTHER_BUILDS = {
-    "bf16-pair-dot": ("-DXENC_PAIRED_BF16=1", "avx512_bf16"),
-    "generic-vectors": ("-mno-avx512f", "avx512f"),
+    "bf16-pair-dot": ("-DXENC_PAIRED_BF16=1", "avx512_bf16", kernels.paired_bf16),
+    "bf16-widened": ("-DXENC_PAIRED_BF16=0", "avx512_bf16", lambda: not kernels.paired_bf16()),
+    "generic-vectors": ("-mno-avx512f", "avx512f", lambda: False),
 }
 
 
 @pytest.mark.parametrize("build", list(OTHER_BUILDS))
 def test_the_builds_of_other_cpus(attention, build, monkeypatch):
-    flags, needs = OTHER_BUILDS[build]
+    flags, needs, own = OTHER_BUILDS[build]
     cpu_flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
     if needs not in cpu_flags:
         pytest.skip(f"this CPU has no {needs}: its default build is already the one under test")
+    if own():
+        pytest.skip(f"{build} is this CPU's default build, under test already")
     monkeypatch.setenv("XENC_LAB_KERNEL_CFLAGS", flags)
     library = kernels._library_path(*kernels._compiler_flags())
     numerical = "not subprocess and not environment and not compiler and not killed and not other_cpus and not traceable"

@@ -1,8 +1,8 @@
 """Where CPU attention runs: xenc_lab's kernel, its tile path, or torch's SDPA, chosen by measurement where it is
 in doubt.
 
-The kernel (``kernels``) computes with AVX-512 (or portable-vector) fp32 FMAs whatever the dtype, on the packed
-stream in place. In bfloat16 and float16, its tile path computes Q K^T and P V as oneDNN batch-reduce GEMMs, on
+The kernel (``kernels``) computes with AVX-512 (or portable-vector) fp32 FMAs whatever the dtype (in bfloat16 on
+AMD cores, with the bf16 pair dot product: ``kernels.paired_bf16``), on the packed stream in place. In bfloat16 and float16, its tile path computes Q K^T and P V as oneDNN batch-reduce GEMMs, on
 AMX tiles where the CPU has them for the dtype (flag ``amx_bf16`` for bfloat16, ``amx_fp16`` for float16; it
 runs elsewhere too, on AVX-512 dot products, slower than the kernel). torch's SDPA needs the pairs laid out as
 padded sequences (a gather there and back), and with AMX it too computes its products with tiles. On a CPU with

@@ -12,10 +12,13 @@
 //   1. the keys of the (sequence, head) are packed once per thread into a transposed, 16-key-block layout (fp32,
 //      or bf16 pairs for the AVX512_BF16 dot-product instruction where the build chooses it), so that 16 scores of
 //      one query are dh FMAs of a broadcast query element with a row of that block; the values are copied to
-//      contiguous fp32 rows (read in place, 4.6 KB apart, they fell into a few L1 sets and were evicted);
+//      contiguous fp32 rows (read in place, 4.6 KB apart, they fell into a few L1 sets and were evicted), or, in
+//      the paired build, to rows of bf16 key pairs;
 //   2. scores of the block's queries against every visible key go to a small buffer, with a running max;
 //   3. one pass turns them into exp(s - max) (vectorized exp2) and sums them;
 //   4. the probability-weighted sum of value rows accumulates in registers, is divided by the sum and stored.
+//      In the paired build the numerators exp(s - max) are rounded to bf16 (their sum is the fp32 one) and the
+//      sum runs on the bf16 dot product over pairs of keys, as torch's flash attention does on the CPU in bf16.
 // This is an exact (non-online) softmax: no rescaling, the same arithmetic as softmax followed by a matmul. Each
 // query's arithmetic is the same whichever block, item or thread computes it, so results are bitwise independent
 // of the batch's other sequences and of the thread count.
@@ -399,8 +402,9 @@ struct Scratch {
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel.
 
-// bf16 inputs use the bf16 pair dot product (vdpbf16ps) for scores where the CPU has it and the build asks for it
-// (XENC_PAIRED_BF16, set where one does the work of two fp32 FMAs); fp32 FMAs on widened keys everywhere else.
+// bf16 inputs use the bf16 pair dot product (vdpbf16ps) for scores and weighted sums where the CPU has it and the
+// build asks for it (XENC_PAIRED_BF16, set where one does the work of two fp32 FMAs); fp32 FMAs on widened keys and
+// values everywhere else.
 #ifndef XENC_PAIRED_BF16
 #define XENC_PAIRED_BF16 0
 #endif
@@ -507,6 +511,73 @@ XENC_INLINE void score_tile(const uint32_t* q, int64_t q_stride, const uint32_t*
     }
   }
 }
+
+// Values [0, nk) of one head as key pairs for the bf16 dot product: row j2 holds dh16 dwords, dword c being
+// column c of keys 2 j2 and 2 j2 + 1 (the key past an odd nk, and columns past dh, are zero).
+void pack_value_pairs(const BFloat16* v, int64_t stride, int64_t nk, int64_t dh, int64_t dh16, uint32_t* dst) {
+  // Word indices into (a, b), 32 words each: half h takes columns 16 h .. 16 h + 15 of a and b, alternately.
+  struct alignas(64) Interleave {
+    uint16_t half[2][32];
+  };
+  static const Interleave kInterleave = [] {
+    Interleave t{};
+    for (int h = 0; h < 2; ++h) {
+      for (int c = 0; c < 16; ++c) {
+        t.half[h][2 * c] = static_cast<uint16_t>(16 * h + c);
+        t.half[h][2 * c + 1] = static_cast<uint16_t>(32 + 16 * h + c);
+      }
+    }
+    return t;
+  }();
+  const __m512i lo = _mm512_load_si512(kInterleave.half[0]), hi = _mm512_load_si512(kInterleave.half[1]);
+  for (int64_t j = 0; j < nk; j += 2) {
+    uint32_t* row = dst + (j / 2) * dh16;
+    for (int64_t c0 = 0; c0 < dh16; c0 += 32) {
+      const int64_t cols = std::clamp<int64_t>(dh - c0, 0, 32);
+      const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
+      const __m512i a = _mm512_maskz_loadu_epi16(mask, v + j * stride + c0);
+      const __m512i b = j + 1 < nk ? _mm512_maskz_loadu_epi16(mask, v + (j + 1) * stride + c0) : _mm512_setzero_si512();
+      _mm512_store_si512(row + c0, _mm512_permutex2var_epi16(a, lo, b));
+      if (c0 + 16 < dh16) {
+        _mm512_store_si512(row + c0 + 16, _mm512_permutex2var_epi16(a, hi, b));
+      }
+    }
+  }
+}
+
+// out[r] = (sum_j p[r][j] v[j]) * inv_sum[r] over NV * 16 columns (the last vector `tail` lanes wide), with the
+// numerators p rounded to bf16 (rows of p_stride bf16) and the bf16 dot product over key pairs of the paired values.
+template <int R, int NV, typename T>
+XENC_INLINE void weighted_sum_tile(const BFloat16* p, int64_t p_stride, const uint32_t* v, int64_t v_stride,
+                                   int64_t num_pairs, int64_t tail, const float* inv_sum, T* out,
+                                   int64_t out_stride) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < NV; ++c) {
+      acc[r][c] = zeros();
+    }
+  }
+  for (int64_t j2 = 0; j2 < num_pairs; ++j2) {
+    __m512i vv[NV];
+    for (int c = 0; c < NV; ++c) {
+      vv[c] = _mm512_load_si512(v + j2 * v_stride + 16 * c);
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t w2;
+      std::memcpy(&w2, p + r * p_stride + 2 * j2, sizeof(w2));
+      const __m512i w = _mm512_set1_epi32(w2);
+      for (int c = 0; c < NV; ++c) {
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(w), reinterpret_cast<__m512bh>(vv[c]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const vf scale = splat(inv_sum[r]);
+    for (int c = 0; c < NV; ++c) {
+      store_first(out + r * out_stride + 16 * c, acc[r][c] * scale, c + 1 < NV ? 16 : tail);
+    }
+  }
+}
 #endif  // XENC_BF16_DOT
 
 // Scores of R queries against N * 16 keys: accumulators -> scaled by c, keys outside each query's [lo, hi)
@@ -579,6 +650,7 @@ class Worker {
         values_(max_keys * dh16_ * static_cast<int64_t>(sizeof(float))),
         scores_(kRows * s_stride_ * static_cast<int64_t>(sizeof(float))),
         queries_(kRows * round_up(key_width_, 16) * static_cast<int64_t>(sizeof(KeyT))),
+        probs_(kPairedKeys<T> ? kRows * s_stride_ * static_cast<int64_t>(sizeof(BFloat16)) : 0),
         scale_log2e_(static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634)) {}
 
   // Runs `it`; `next` (if any) is the item this thread runs after it, whose rows are prefetched meanwhile.
@@ -658,7 +730,8 @@ class Worker {
     int64_t done_ = 0;
   };
 
-  // K^T of (seq, head) into keys_; for 16-bit types, values widened to fp32 rows of dh16_ into values_.
+  // K^T of (seq, head) into keys_; for 16-bit types, values widened to fp32 rows of dh16_ into values_ (the
+  // paired build: bf16 key pairs, rows of dh16_ dwords).
   void pack(int64_t seq, int64_t head) {
     const int64_t nk = p_.num_keys(seq);
     if constexpr (kPairedKeys<T>) {
@@ -668,6 +741,14 @@ class Worker {
     } else {
       pack_keys_f32(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<float>());
     }
+#if XENC_BF16_DOT
+    if constexpr (kPairedKeys<T>) {
+      pack_value_pairs(p_.v_at(seq, 0, head), p_.v_stride, nk, dh_, dh16_, values_.as<uint32_t>());
+      packed_seq_ = seq;
+      packed_head_ = head;
+      return;
+    }
+#endif
     {
       float* dst = values_.as<float>();
       for (int64_t j = 0; j < nk; ++j) {
@@ -747,13 +828,43 @@ class Worker {
       const vf top = splat(reduce_max(row_max[r]));
       float* row = s + r * s_stride_;
       vf sum = zeros();
-      for (int64_t j = 0; j < length; j += 16) {
-        const vf e = exp2_nonpositive(load(row + j) - top);
-        store(row + j, e);
-        sum = sum + e;
+      if constexpr (kPairedKeys<T>) {  // numerators rounded to bf16 for the dot product, summed unrounded
+#if XENC_BF16_DOT
+        BFloat16* probs = probs_.as<BFloat16>() + r * s_stride_;
+        for (int64_t j = 0; j < length; j += 16) {
+          const vf e = exp2_nonpositive(load(row + j) - top);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+          sum = sum + e;
+        }
+#endif
+      } else {
+        for (int64_t j = 0; j < length; j += 16) {
+          const vf e = exp2_nonpositive(load(row + j) - top);
+          store(row + j, e);
+          sum = sum + e;
+        }
       }
       inv_sum[r] = 1.f / reduce_add(sum);
     }
+    T* out = p_.out_at(it.seq, i0, it.head);
+#if XENC_BF16_DOT
+    // The paired build: over key pairs, from the even key at or below k_begin to the odd one at or past k_end - 1
+    // (a key outside [k_begin, k_end) has p = 0 there, as any key outside a row's own visible keys has).
+    if constexpr (kPairedKeys<T>) {
+      const int64_t j2_begin = k_begin / 2, j2_end = (k_end + 1) / 2;
+      const BFloat16* p = probs_.as<BFloat16>() + (2 * j2_begin - k_base);
+      const uint32_t* v = values_.as<uint32_t>() + j2_begin * dh16_;
+      for (int64_t c0 = 0; c0 < dh_; c0 += 16 * kColVecs) {
+        const int64_t cols = std::min<int64_t>(16 * kColVecs, dh_ - c0);
+        const int64_t tail = cols - 16 * ((cols - 1) / 16);
+        with_count<kColVecs>((cols + 15) / 16, [&](auto nv) {
+          weighted_sum_tile<R, nv()>(p, s_stride_, v + c0, dh16_, j2_end - j2_begin, tail, inv_sum, out + c0,
+                                     p_.out_stride);
+        });
+      }
+      return;
+    }
+#endif
 
     // Weighted sums of the value rows, kColVecs * 16 columns at a time.
     const float* v;
@@ -761,7 +872,6 @@ class Worker {
     v = values_.as<float>() + k_begin * dh16_;
     v_stride = dh16_;
     const float* p = s + (k_begin - k_base);
-    T* out = p_.out_at(it.seq, i0, it.head);
     for (int64_t c0 = 0; c0 < dh_; c0 += 16 * kColVecs) {
       const int64_t cols = std::min<int64_t>(16 * kColVecs, dh_ - c0);
       const int64_t tail = cols - 16 * ((cols - 1) / 16);
@@ -776,7 +886,7 @@ class Worker {
   const int64_t dh_, dh16_;
   const int64_t key_width_;  // elements per key in the packed K^T: dh floats or ceil(dh / 2) bf16 pairs
   const int64_t s_stride_;   // floats per row of scores_, >= every sequence's key count rounded up to 16
-  Scratch keys_, values_, scores_, queries_;
+  Scratch keys_, values_, scores_, queries_, probs_;
   const float scale_log2e_;
   int64_t packed_seq_ = -1, packed_head_ = -1;
 };
@@ -1464,6 +1574,7 @@ at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t we
 
 bool gemm_built() { return XENC_GEMM; }
 bool half_gemm_built() { return XENC_HALF_GEMM; }
+bool paired_bf16_built() { return kPairedKeys<BFloat16>; }
 
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
@@ -1493,6 +1604,7 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
   m.def("gemm_built() -> bool", &xenc_lab::gemm_built);
   m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
+  m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
   m.def(
       "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "
       "Tensor? residual) -> Tensor");
