@@ -160,10 +160,10 @@ def test_compiled_raw_logits_equal_crossencoder(arch, pairs, recorder):
 
 # Batches that differ in everything but the pairs: page size, token budget, pairs per batch, order.
 LAYOUTS = [
-    dict(page_size=16, max_batch_tokens=8192),
-    dict(page_size=1, max_batch_tokens=1024),
-    dict(page_size=64, max_batch_tokens=16384),
-    dict(page_size=8, max_batch_tokens=512),
+    {"page_size": 16, "max_batch_tokens": 8192},
+    {"page_size": 1, "max_batch_tokens": 1024},
+    {"page_size": 64, "max_batch_tokens": 16384},
+    {"page_size": 8, "max_batch_tokens": 512},
 ]
 
 

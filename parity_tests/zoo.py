@@ -41,16 +41,22 @@ def _spec(name, arch, num_labels, notes, kind, **config):
 
 
 # Tiny but non-trivial: a large initializer_range makes logits depend visibly on the input.
-_BERT = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
-             max_position_embeddings=128, initializer_range=0.4)
-_DEBERTA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
-                max_position_embeddings=128, initializer_range=0.3, relative_attention=True,
-                position_buckets=64, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
-                position_biased_input=False, type_vocab_size=0, share_att_key=True,
-                norm_rel_ebd="layer_norm", layer_norm_eps=1e-7)
-_MODERNBERT = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
-                   max_position_embeddings=128, initializer_range=0.4, local_attention=16,
-                   global_attn_every_n_layers=3)
+_BERT = {
+    "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+    "max_position_embeddings": 128, "initializer_range": 0.4,
+}
+_DEBERTA = {
+    "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+    "max_position_embeddings": 128, "initializer_range": 0.3, "relative_attention": True,
+    "position_buckets": 64, "max_relative_positions": -1, "pos_att_type": ["p2c", "c2p"],
+    "position_biased_input": False, "type_vocab_size": 0, "share_att_key": True,
+    "norm_rel_ebd": "layer_norm", "layer_norm_eps": 1e-7,
+}
+_MODERNBERT = {
+    "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 96,
+    "max_position_embeddings": 128, "initializer_range": 0.4, "local_attention": 16,
+    "global_attn_every_n_layers": 3,
+}
 
 SPECS: dict[str, ModelSpec] = {s.name: s for s in [
     _spec("bert", "BertForSequenceClassification", 1,

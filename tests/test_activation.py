@@ -130,9 +130,9 @@ def test_a_legacy_key_set_to_null_falls_back_to_the_default(make_dir):
 
 # -- trust -----------------------------------------------------------------------------------------
 UNTRUSTED_PLACES = {
-    "config_sentence_transformers.json": dict(st_format=True, st_activation=UNTRUSTED),
-    "config.json section": dict(sentence_transformers={"activation_fn": UNTRUSTED}),
-    "legacy key": dict(sbert_ce_default_activation_function=UNTRUSTED),
+    "config_sentence_transformers.json": {"st_format": True, "st_activation": UNTRUSTED},
+    "config.json section": {"sentence_transformers": {"activation_fn": UNTRUSTED}},
+    "legacy key": {"sbert_ce_default_activation_function": UNTRUSTED},
 }
 
 
@@ -169,9 +169,9 @@ def test_untrusted_path_in_config_sentence_transformers_json_falls_through_to_co
 @pytest.mark.parametrize("place", ["config_sentence_transformers.json", "config.json section", "legacy key"])
 def test_custom_dotted_path_is_used_with_trust_remote_code_and_ignored_without(make_dir, place):
     where = {
-        "config_sentence_transformers.json": dict(st_format=True, st_activation=CUSTOM),
-        "config.json section": dict(sentence_transformers={"activation_fn": CUSTOM}),
-        "legacy key": dict(sbert_ce_default_activation_function=CUSTOM),
+        "config_sentence_transformers.json": {"st_format": True, "st_activation": CUSTOM},
+        "config.json section": {"sentence_transformers": {"activation_fn": CUSTOM}},
+        "legacy key": {"sbert_ce_default_activation_function": CUSTOM},
     }[place]
     path = make_dir(**where)
     ours, theirs = _both(path, trust_remote_code=True)

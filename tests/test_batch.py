@@ -1,6 +1,8 @@
 """Properties of pack(): one planned batch -> one flat token stream of whole pages, and its (B, L) layout."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from hypothesis import given, settings
@@ -36,7 +38,7 @@ def encodings(draw, max_pairs: int = 12, max_len: int = 40):
 
 def _spans(b):
     cu = b.cu_seqlens.tolist()
-    return list(zip(cu[:-1], cu[1:]))
+    return list(itertools.pairwise(cu))
 
 
 @FAST

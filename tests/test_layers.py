@@ -1,6 +1,8 @@
 """packed_attention == plain SDPA run on each pair alone: attention never crosses a pair boundary."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -68,7 +70,7 @@ def _per_pair_reference(qkv: torch.Tensor, batch, num_heads: int, scale=None) ->
     d = qkv.shape[-1] // 3
     out = []
     cu = batch.cu_seqlens.tolist()
-    for s, e in zip(cu[:-1], cu[1:]):
+    for s, e in itertools.pairwise(cu):
         n = e - s
         q, k, v = (qkv[s:e, i * d : (i + 1) * d].view(n, num_heads, d // num_heads).transpose(0, 1)[None] for i in range(3))
         o = F.scaled_dot_product_attention(q, k, v, scale=scale)  # (1, H, n, dh), no mask: the pair alone
@@ -145,7 +147,7 @@ def test_packed_attention_with_a_window_equals_banded_sdpa_on_each_pair_alone(ca
     qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed))
     out = packed_attention(qkv, batch, num_heads, scale=scale, window=window)
     cu = batch.cu_seqlens.tolist()
-    for b, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+    for b, (s, e) in enumerate(itertools.pairwise(cu)):
         n = e - s
         slots = torch.arange(n)
         band = (slots[:, None] - slots[None, :]).abs() <= window // 2

@@ -1,6 +1,8 @@
 """Properties of the page planner: plan_batches over random length arrays."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -66,7 +68,7 @@ def test_plan_batches_orders_pairs_longest_first_with_ties_in_input_order(plan):
     batches = plan_batches(lengths, page_size, max_pages, max_pairs)
     flat = [int(i) for b in batches for i in b]
     assert flat == sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    for earlier, later in zip(batches, batches[1:]):
+    for earlier, later in itertools.pairwise(batches):
         assert lengths[earlier].min() >= lengths[later].max()
 
 
@@ -75,7 +77,7 @@ def test_plan_batches_orders_pairs_longest_first_with_ties_in_input_order(plan):
 def test_plan_batches_closes_a_batch_only_when_the_next_pair_would_break_a_limit(plan):
     lengths, page_size, max_pages, max_pairs = plan
     batches = plan_batches(lengths, page_size, max_pages, max_pairs)
-    for b, nxt in zip(batches, batches[1:]):
+    for b, nxt in itertools.pairwise(batches):
         grown = np.append(b, nxt[0])
         g = lengths[grown]
         assert (

@@ -1,6 +1,8 @@
 """Scorer.score (vLLM's pairing rules) and Scorer.rank (sentence-transformers' CrossEncoder.rank)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -103,7 +105,7 @@ def test_rank_sorts_by_score_descending_keeping_ties_in_corpus_order(scorer, doc
     assert by_id[0] == by_id[2] and by_id[1] == by_id[4], "duplicate documents must tie exactly"
     ids = [r["corpus_id"] for r in ranking]
     assert ids.index(0) < ids.index(2) and ids.index(1) < ids.index(4)
-    for a, b in zip(ranking, ranking[1:]):
+    for a, b in itertools.pairwise(ranking):
         if a["score"] == b["score"]:
             assert a["corpus_id"] < b["corpus_id"]
 

@@ -31,9 +31,11 @@ def resolve(model_name_or_path: str | os.PathLike) -> Path:
         raise ValueError(f"expected a model directory or a hub id, got the file {str(path)!r}")
     from huggingface_hub import snapshot_download
 
+    # Whatever keeps the cached copy from being found (not cached, not a valid id, ...), the hub is asked next, and
+    # only its answer is reported.
     try:
         return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES, local_files_only=True))
-    except Exception:
+    except Exception:  # noqa: BLE001, S110
         pass
     try:
         return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES))
