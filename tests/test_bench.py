@@ -48,7 +48,10 @@ def test_report_says_how_bf16_gemms_ran_here(tmp_path):
     rows[1].bf16_gemm, rows[1].fp32_bf16_gflops = "fp16", 290.0  # where the fp16 GEMM ran
     text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
     assert "runs its bf16 GEMMs in fp16 instead" in text and "The fp32 route" in text and "ran at 290 GFLOP/s" in text
-    assert "as fp32 GEMMs on the bf16 values instead" not in text
+    assert "as fp32 GEMMs on the bf16 values instead" not in text and "native ones in both engines" not in text
+    rows[1].bf16_gemm, rows[1].native_bf16_gflops, rows[1].fp32_bf16_gflops = "native", 0.0, 0.0  # AMX, AMD cores
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
+    assert "native ones in both engines" in text and "runs its bf16 GEMMs in fp16" not in text
 
 
 def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):

@@ -239,11 +239,15 @@ def run(
                     + ", ".join(f"{name} {rate:.0f}" for name, rate in attention.items()) + f"; xenc_lab runs {attention_path}")
             first = reference.predict(pairs, activation_fn=identity, batch_size=st_batch_size)
             warm = pairs[: min(64, len(pairs))]
-            engines = {"sentence-transformers": lambda: theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size)}
+            engines = {
+                "sentence-transformers": lambda theirs=theirs, pairs=pairs: theirs.predict(
+                    pairs, activation_fn=identity, batch_size=st_batch_size
+                )
+            }
             for name, scorer in ours.items():
                 # Compiled: a first pass over every pair compiles what the timed runs will need, outside them.
                 scorer.predict(pairs if scorer.config.compile else warm, activation_fn=identity)
-                engines[name] = lambda scorer=scorer: scorer.predict(pairs, activation_fn=identity)
+                engines[name] = lambda scorer=scorer, pairs=pairs: scorer.predict(pairs, activation_fn=identity)
             theirs.predict(warm, activation_fn=identity, batch_size=st_batch_size)
             times = {name: [] for name in engines}
             outs = {}
@@ -319,6 +323,11 @@ def machine(device: str | torch.device = "cpu") -> str:
     return host
 
 
+_NATIVE_NOTE = (
+    "bf16 GEMMs ran as oneDNN's native ones in both engines here (AMX tiles, or an AMD core's bf16 dot product, "
+    "which does the work of two fp32 FMAs): the bf16 ceiling above is their rate, and the difference between the "
+    "engines is what each does around the same GEMMs."
+)
 _FP32_NOTE = (
     "xenc_lab runs its bf16 products as fp32 GEMMs on the bf16 values instead: the products of bf16 numbers are exact "
     "in fp32, the sums are fp32 and the output is rounded to bf16 once, as in a bf16 GEMM."
@@ -354,12 +363,14 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
         "# Throughput: xenc_lab against sentence-transformers",
         "",
         f"Machine: {machine(devices[0])}. Regenerate with `{command}`.",
-        "Both engines in one process on the same pairs, alternating runs, tokenization included; "
-        "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
-        "GFLOP/s counts the model's math (2 x non-embedding matmul weights x tokens + attention); "
-        "`ceiling` is that as a share of a GEMM rate measured on the spot at the model's shapes "
-        "(xenc_lab skips the last layer's work on all but the first token, so its share can pass 100%). "
-        "`max abs delta` is against sentence-transformers in fp32 on the same pairs (raw logits).",
+        (
+            "Both engines in one process on the same pairs, alternating runs, tokenization included; "
+            "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
+            "GFLOP/s counts the model's math (2 x non-embedding matmul weights x tokens + attention); "
+            "`ceiling` is that as a share of a GEMM rate measured on the spot at the model's shapes "
+            "(xenc_lab skips the last layer's work on all but the first token, so its share can pass 100%). "
+            "`max abs delta` is against sentence-transformers in fp32 on the same pairs (raw logits)."
+        ),
         "",
         "| workload | dtype | engine | pairs | mean tokens | pairs/s | ratio | GFLOP/s | ceiling | max abs delta |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -380,6 +391,8 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
                      + (_OWN_FP32_NOTE if gemm_available() else ""))
                   + " The weights and activations stay bf16, and the bf16 ceiling above is the rate of the GEMM "
                   "xenc_lab ran. sentence-transformers' bf16 runs native."]
+    elif any(r.dtype == "bfloat16" and r.bf16_gemm == "native" for r in rows):
+        lines += ["", _NATIVE_NOTE]
     attention = {(r.workload, r.dtype): r for r in rows if r.attention_path}
     if attention:
         lines += ["", "Attention alone at the model's head shapes, on 4096-token batches of pairs of the workload's mean "

@@ -432,14 +432,31 @@ void pack_keys_f32(const T* k, int64_t stride, int64_t nk, int64_t dh, float* kt
   }
 }
 
-// fp32 scores: R query rows (stride q_stride) against N consecutive 16-key blocks of the fp32 K^T layout.
 template <int R, int N>
-XENC_INLINE void score_tile(const float* q, int64_t q_stride, const float* kt, int64_t dh, vf (&acc)[R][N]) {
+XENC_INLINE void set_zero(vf (&acc)[R][N]) {
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < N; ++n) {
       acc[r][n] = zeros();
     }
   }
+}
+
+// Row r of out = acc[r] * inv_sum[r], over NV * 16 columns of which the last vector has `tail` lanes.
+template <int R, int NV, typename T>
+XENC_INLINE void store_weighted_sums(vf (&acc)[R][NV], const float* inv_sum, T* out, int64_t out_stride,
+                                     int64_t tail) {
+  for (int r = 0; r < R; ++r) {
+    const vf scale = splat(inv_sum[r]);
+    for (int c = 0; c < NV; ++c) {
+      store_first(out + r * out_stride + 16 * c, acc[r][c] * scale, c + 1 < NV ? 16 : tail);
+    }
+  }
+}
+
+// fp32 scores: R query rows (stride q_stride) against N consecutive 16-key blocks of the fp32 K^T layout.
+template <int R, int N>
+XENC_INLINE void score_tile(const float* q, int64_t q_stride, const float* kt, int64_t dh, vf (&acc)[R][N]) {
+  set_zero(acc);
   for (int64_t d = 0; d < dh; ++d) {
     vf kv[N];
     for (int n = 0; n < N; ++n) {
@@ -492,11 +509,7 @@ void pack_keys_bf16_pairs(const BFloat16* k, int64_t stride, int64_t nk, int64_t
 template <int R, int N>
 XENC_INLINE void score_tile(const uint32_t* q, int64_t q_stride, const uint32_t* kt, int64_t pairs,
                             vf (&acc)[R][N]) {
-  for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < N; ++n) {
-      acc[r][n] = zeros();
-    }
-  }
+  set_zero(acc);
   for (int64_t d = 0; d < pairs; ++d) {
     __m512i kv[N];
     for (int n = 0; n < N; ++n) {
@@ -552,11 +565,7 @@ XENC_INLINE void weighted_sum_tile(const BFloat16* p, int64_t p_stride, const ui
                                    int64_t num_pairs, int64_t tail, const float* inv_sum, T* out,
                                    int64_t out_stride) {
   vf acc[R][NV];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < NV; ++c) {
-      acc[r][c] = zeros();
-    }
-  }
+  set_zero(acc);
   for (int64_t j2 = 0; j2 < num_pairs; ++j2) {
     __m512i vv[NV];
     for (int c = 0; c < NV; ++c) {
@@ -571,12 +580,7 @@ XENC_INLINE void weighted_sum_tile(const BFloat16* p, int64_t p_stride, const ui
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const vf scale = splat(inv_sum[r]);
-    for (int c = 0; c < NV; ++c) {
-      store_first(out + r * out_stride + 16 * c, acc[r][c] * scale, c + 1 < NV ? 16 : tail);
-    }
-  }
+  store_weighted_sums(acc, inv_sum, out, out_stride, tail);
 }
 #endif  // XENC_BF16_DOT
 
@@ -607,11 +611,7 @@ XENC_INLINE void weighted_sum_tile(const float* p, int64_t p_stride, const float
                                    int64_t num_keys, int64_t tail, const float* inv_sum, T* out,
                                    int64_t out_stride) {
   vf acc[R][NV];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < NV; ++c) {
-      acc[r][c] = zeros();
-    }
-  }
+  set_zero(acc);
   for (int64_t j = 0; j < num_keys; ++j) {
     const float* row = v + j * v_stride;
     vf vv[NV];
@@ -625,12 +625,7 @@ XENC_INLINE void weighted_sum_tile(const float* p, int64_t p_stride, const float
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const vf scale = splat(inv_sum[r]);
-    for (int c = 0; c < NV; ++c) {
-      store_first(out + r * out_stride + 16 * c, acc[r][c] * scale, c + 1 < NV ? 16 : tail);
-    }
-  }
+  store_weighted_sums(acc, inv_sum, out, out_stride, tail);
 }
 
 template <typename T>
