@@ -182,3 +182,14 @@ def test_cli_bench_on_cuda_runs_fp16_and_bf16_side_by_side_and_names_the_gpu(tin
     for dtype in ("float16", "bfloat16"):
         assert table.count(f"| short | {dtype} |") == 3 and table.count(f"| mixed | {dtype} |") == 3
     assert "graph(s) compiled" in table and "Attention alone" not in table
+
+
+def test_machine_names_the_cpu_by_family_and_model_and_its_16_bit_units(monkeypatch):
+    from xenc_lab.cpuinfo import CpuInfo
+
+    zen5 = CpuInfo("AuthenticAMD", "AMD EPYC", frozenset({"avx512_bf16"}), "family 26, model 2")
+    monkeypatch.setattr(bench, "cpu_info", lambda: zen5)
+    assert bench.machine().startswith("AMD EPYC (family 26, model 2), ") and ", AVX512-BF16, torch " in bench.machine()
+    sapphire = CpuInfo("GenuineIntel", "Xeon", frozenset({"avx512_bf16", "avx512_fp16"}))  # family unknown
+    monkeypatch.setattr(bench, "cpu_info", lambda: sapphire)
+    assert bench.machine().startswith("Xeon, ") and "AVX512-BF16, AVX512-FP16" in bench.machine()

@@ -315,8 +315,10 @@ def device_name(device: str | torch.device = "cuda") -> str:
 
 
 def machine(device: str | torch.device = "cpu") -> str:
-    cpu, flags = cpu_info().model, cpu_info().flags
-    bf16 = ", ".join(name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16")) if flag in flags) or "no bf16 units"
+    info = cpu_info()
+    cpu, flags = info.model + (f" ({info.family})" if info.family else ""), info.flags
+    units = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512_fp16", "AVX512-FP16"))
+    bf16 = ", ".join(name for flag, name in units if flag in flags) or "no bf16 units"
     host = f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}"
     if torch.device(device).type == "cuda":
         return f"{device_name(device)}; host {host}"

@@ -11,11 +11,12 @@ class CpuInfo(NamedTuple):
     vendor: str  # vendor_id: "GenuineIntel", "AuthenticAMD", ...; "" where unknown
     model: str  # model name, else what the platform module says
     flags: frozenset[str]  # e.g. "avx512_bf16", "amx_bf16"
+    family: str = ""  # "cpu family" and "model" numbers, e.g. "family 26, model 2" (AMD Zen 5); "" where unknown
 
 
 @functools.cache
 def cpu_info() -> CpuInfo:
-    """The first CPU's vendor, model name and flags."""
+    """The first CPU's vendor, model name, flags, and family and model numbers."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -27,4 +28,5 @@ def cpu_info() -> CpuInfo:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     model = fields.get("model name") or platform.processor() or platform.machine()
-    return CpuInfo(fields.get("vendor_id", ""), model, frozenset(fields.get("flags", "").split()))
+    family = f"family {fields['cpu family']}, model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    return CpuInfo(fields.get("vendor_id", ""), model, frozenset(fields.get("flags", "").split()), family)
