@@ -48,6 +48,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -493,6 +494,23 @@ XENC_INLINE void transpose_key_pairs(const T* k, int64_t stride, int64_t nk, int
     }
   }
 }
+
+// Values [0, keys_end) of one head (16-bit elements) as key pairs for the 16-bit dot products: row j / 2, of
+// row_stride dwords, holds in dword c columns c of keys j and j + 1 (zero past nk and past dh).
+template <typename T>
+void pack_value_pairs(const T* v, int64_t stride, int64_t nk, int64_t keys_end, int64_t dh, int64_t row_stride,
+                      uint32_t* dst) {
+  for (int64_t j = 0; j < keys_end; j += 2) {
+    for (int64_t c0 = 0; c0 < row_stride; c0 += 16) {
+      const __mmask16 load = first_lanes(std::clamp<int64_t>(dh - c0, 0, 16));
+      const __m256i a = j < nk ? _mm256_maskz_loadu_epi16(load, v + j * stride + c0) : _mm256_setzero_si256();
+      const __m256i b = j + 1 < nk ? _mm256_maskz_loadu_epi16(load, v + (j + 1) * stride + c0) : _mm256_setzero_si256();
+      const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+      const __mmask16 store = first_lanes(std::min<int64_t>(16, row_stride - c0));
+      _mm512_mask_storeu_epi32(dst + (j / 2) * row_stride + c0, store, pair);
+    }
+  }
+}
 #endif  // XENC_AVX512
 
 #if XENC_BF16_DOT
@@ -520,39 +538,6 @@ XENC_INLINE void score_tile(const uint32_t* q, int64_t q_stride, const uint32_t*
       for (int n = 0; n < N; ++n) {
         acc[r][n] =
             _mm512_dpbf16_ps(acc[r][n], reinterpret_cast<__m512bh>(qb), reinterpret_cast<__m512bh>(kv[n]));
-      }
-    }
-  }
-}
-
-// Values [0, nk) of one head as key pairs for the bf16 dot product: row j2 holds dh16 dwords, dword c being
-// column c of keys 2 j2 and 2 j2 + 1 (the key past an odd nk, and columns past dh, are zero).
-void pack_value_pairs(const BFloat16* v, int64_t stride, int64_t nk, int64_t dh, int64_t dh16, uint32_t* dst) {
-  // Word indices into (a, b), 32 words each: half h takes columns 16 h .. 16 h + 15 of a and b, alternately.
-  struct alignas(64) Interleave {
-    uint16_t half[2][32];
-  };
-  static const Interleave kInterleave = [] {
-    Interleave t{};
-    for (int h = 0; h < 2; ++h) {
-      for (int c = 0; c < 16; ++c) {
-        t.half[h][2 * c] = static_cast<uint16_t>(16 * h + c);
-        t.half[h][2 * c + 1] = static_cast<uint16_t>(32 + 16 * h + c);
-      }
-    }
-    return t;
-  }();
-  const __m512i lo = _mm512_load_si512(kInterleave.half[0]), hi = _mm512_load_si512(kInterleave.half[1]);
-  for (int64_t j = 0; j < nk; j += 2) {
-    uint32_t* row = dst + (j / 2) * dh16;
-    for (int64_t c0 = 0; c0 < dh16; c0 += 32) {
-      const int64_t cols = std::clamp<int64_t>(dh - c0, 0, 32);
-      const __mmask32 mask = static_cast<__mmask32>(cols == 32 ? ~0ull : (1ull << cols) - 1);
-      const __m512i a = _mm512_maskz_loadu_epi16(mask, v + j * stride + c0);
-      const __m512i b = j + 1 < nk ? _mm512_maskz_loadu_epi16(mask, v + (j + 1) * stride + c0) : _mm512_setzero_si512();
-      _mm512_store_si512(row + c0, _mm512_permutex2var_epi16(a, lo, b));
-      if (c0 + 16 < dh16) {
-        _mm512_store_si512(row + c0 + 16, _mm512_permutex2var_epi16(a, hi, b));
       }
     }
   }
@@ -732,19 +717,10 @@ class Worker {
     if constexpr (kPairedKeys<T>) {
 #if XENC_BF16_DOT
       pack_keys_bf16_pairs(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<uint32_t>());
+      pack_value_pairs(p_.v_at(seq, 0, head), p_.v_stride, nk, nk, dh_, dh16_, values_.as<uint32_t>());
 #endif
     } else {
       pack_keys_f32(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<float>());
-    }
-#if XENC_BF16_DOT
-    if constexpr (kPairedKeys<T>) {
-      pack_value_pairs(p_.v_at(seq, 0, head), p_.v_stride, nk, dh_, dh16_, values_.as<uint32_t>());
-      packed_seq_ = seq;
-      packed_head_ = head;
-      return;
-    }
-#endif
-    {
       float* dst = values_.as<float>();
       for (int64_t j = 0; j < nk; ++j) {
         const T* src = p_.v_at(seq, j, head);
@@ -823,56 +799,39 @@ class Worker {
       const vf top = splat(reduce_max(row_max[r]));
       float* row = s + r * s_stride_;
       vf sum = zeros();
-      if constexpr (kPairedKeys<T>) {  // numerators rounded to bf16 for the dot product, summed unrounded
+      for (int64_t j = 0; j < length; j += 16) {
+        const vf e = exp2_nonpositive(load(row + j) - top);
+        if constexpr (kPairedKeys<T>) {  // rounded to bf16 for the dot product; the sum is of the fp32 ones
 #if XENC_BF16_DOT
-        BFloat16* probs = probs_.as<BFloat16>() + r * s_stride_;
-        for (int64_t j = 0; j < length; j += 16) {
-          const vf e = exp2_nonpositive(load(row + j) - top);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
-          sum = sum + e;
-        }
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs_.as<BFloat16>() + r * s_stride_ + j),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
 #endif
-      } else {
-        for (int64_t j = 0; j < length; j += 16) {
-          const vf e = exp2_nonpositive(load(row + j) - top);
+        } else {
           store(row + j, e);
-          sum = sum + e;
         }
+        sum = sum + e;
       }
       inv_sum[r] = 1.f / reduce_add(sum);
     }
-    T* out = p_.out_at(it.seq, i0, it.head);
-#if XENC_BF16_DOT
-    // The paired build: over key pairs, from the even key at or below k_begin to the odd one at or past k_end - 1
-    // (a key outside [k_begin, k_end) has p = 0 there, as any key outside a row's own visible keys has).
-    if constexpr (kPairedKeys<T>) {
-      const int64_t j2_begin = k_begin / 2, j2_end = (k_end + 1) / 2;
-      const BFloat16* p = probs_.as<BFloat16>() + (2 * j2_begin - k_base);
-      const uint32_t* v = values_.as<uint32_t>() + j2_begin * dh16_;
-      for (int64_t c0 = 0; c0 < dh_; c0 += 16 * kColVecs) {
-        const int64_t cols = std::min<int64_t>(16 * kColVecs, dh_ - c0);
-        const int64_t tail = cols - 16 * ((cols - 1) / 16);
-        with_count<kColVecs>((cols + 15) / 16, [&](auto nv) {
-          weighted_sum_tile<R, nv()>(p, s_stride_, v + c0, dh16_, j2_end - j2_begin, tail, inv_sum, out + c0,
-                                     p_.out_stride);
-        });
-      }
-      return;
-    }
-#endif
 
-    // Weighted sums of the value rows, kColVecs * 16 columns at a time.
-    const float* v;
-    int64_t v_stride;
-    v = values_.as<float>() + k_begin * dh16_;
-    v_stride = dh16_;
-    const float* p = s + (k_begin - k_base);
+    // Weighted sums of the value rows, kColVecs * 16 columns at a time. The paired build runs over key pairs, from
+    // the even key at or below k_begin to the odd one at or past k_end - 1 (a key outside [k_begin, k_end) has
+    // p = 0 there, as any key outside a row's own visible keys has).
+    const auto [p, v, count] = [&] {
+      if constexpr (kPairedKeys<T>) {
+        const int64_t j2_begin = k_begin / 2, j2_end = (k_end + 1) / 2;
+        return std::tuple(probs_.as<BFloat16>() + (2 * j2_begin - k_base), values_.as<uint32_t>() + j2_begin * dh16_,
+                          j2_end - j2_begin);
+      } else {
+        return std::tuple(s + (k_begin - k_base), values_.as<float>() + k_begin * dh16_, k_end - k_begin);
+      }
+    }();
+    T* out = p_.out_at(it.seq, i0, it.head);
     for (int64_t c0 = 0; c0 < dh_; c0 += 16 * kColVecs) {
       const int64_t cols = std::min<int64_t>(16 * kColVecs, dh_ - c0);
       const int64_t tail = cols - 16 * ((cols - 1) / 16);
       with_count<kColVecs>((cols + 15) / 16, [&](auto nv) {
-        weighted_sum_tile<R, nv()>(p, s_stride_, v + c0, v_stride, k_end - k_begin, tail, inv_sum, out + c0,
-                                   p_.out_stride);
+        weighted_sum_tile<R, nv()>(p, s_stride_, v + c0, dh16_, count, tail, inv_sum, out + c0, p_.out_stride);
       });
     }
   }
@@ -941,17 +900,7 @@ class TileWorker {
     transpose_key_pairs(p_.k_at(seq, 0, head), p_.k_stride, nk, padded_keys_, dh_, [&](int64_t k0, int64_t d2, vf row) {
       _mm512_storeu_ps(reinterpret_cast<float*>(kt + d2 * padded_keys_ + k0), row);
     });
-    uint32_t* vp = values_.as<uint32_t>();
-    for (int64_t j = 0; j < padded_keys_; j += 2) {
-      for (int64_t c0 = 0; c0 < dh_; c0 += 16) {
-        const __mmask16 mask = first_lanes(std::min<int64_t>(16, dh_ - c0));
-        const __m256i a = j < nk ? _mm256_maskz_loadu_epi16(mask, p_.v_at(seq, j, head) + c0) : _mm256_setzero_si256();
-        const __m256i b =
-            j + 1 < nk ? _mm256_maskz_loadu_epi16(mask, p_.v_at(seq, j + 1, head) + c0) : _mm256_setzero_si256();
-        const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-        _mm512_mask_storeu_epi32(vp + (j / 2) * dh_ + c0, mask, pair);
-      }
-    }
+    pack_value_pairs(p_.v_at(seq, 0, head), p_.v_stride, nk, padded_keys_, dh_, dh_, values_.as<uint32_t>());
     packed_seq_ = seq;
     packed_head_ = head;
   }
