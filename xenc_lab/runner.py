@@ -1,6 +1,9 @@
 """Stage 4: run the packed model on one batch. torch.compile is applied here, and only here."""
 from __future__ import annotations
 
+import ctypes
+import functools
+import platform
 import time
 
 import torch
@@ -14,6 +17,31 @@ def _graphs_compiled() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+# glibc's DEFAULT_MMAP_THRESHOLD_MAX: the highest its dynamic mmap threshold goes (32 MiB on 64-bit systems).
+_GLIBC_THRESHOLD_CEILING = 4 * 1024 * 1024 * ctypes.sizeof(ctypes.c_long)
+
+
+@functools.cache
+def keep_freed_batches() -> bool:
+    """Raise glibc's heap thresholds to their ceiling, once per process, so that a batch's freed activations stay
+    in the heap for the next batch; True where it ran (Linux with glibc).
+
+    glibc serves an allocation above its mmap threshold (128 KiB at first) from fresh pages, and each freed
+    mmap'd chunk larger than the threshold raises it to that chunk's size, up to 32 MiB; the heap keeps up to
+    twice the threshold free at its top before it hands memory back (the trim threshold). A batch's activations
+    (MiniLM-L6 at 4,096 tokens in bfloat16: 3-13 MB each, about 30 MB live at once; twice that in float32) were freed at its end, handed
+    back, and taken again, zero-filled, by the next: 60,000-140,000 page faults per 256 long pairs in a process
+    of its own, 2-7% of the time on bfloat16 and up to 20% on short pairs (measured). Freeing one block just under
+    32 MiB does what a run of larger batches would do: both thresholds reach glibc's ceiling (the heap then keeps
+    up to 64 MiB free), and steady-state runs take no page faults. Nothing is frozen: glibc's thresholds stay
+    dynamic (``mallopt`` would fix them), and a process whose thresholds are already there, or another
+    allocator (jemalloc, tcmalloc), sees one allocation and nothing more."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    torch.empty(_GLIBC_THRESHOLD_CEILING - (64 << 10), dtype=torch.uint8)  # mapped and unmapped, never touched
+    return True
 
 
 class ModelRunner:
@@ -35,6 +63,8 @@ class ModelRunner:
         self.compile_options = self._compile_options() if compile else {}
         self._forward = torch.compile(model, dynamic=not self.static_shapes, options=self.compile_options) if compile else model
         self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
+        if device.type == "cpu":
+            keep_freed_batches()
         self.graphs = 0  # graphs compiled for this model
         self.compile_seconds = 0.0  # time of the calls that compiled one
 
