@@ -356,7 +356,7 @@ def prepack_linears(model: nn.Module) -> int:
 
 class RowLayerNorm(nn.LayerNorm):
     """nn.LayerNorm whose eager CPU forward on a bfloat16 or float16 (T, d) stream runs xenc_lab's row kernel
-    (``kernels``): one read of each row, float32 math, one rounding to the dtype, as torch's, at about 1.7x its
+    (``kernels``): one read of each row, float32 math, one rounding to the dtype, as torch's, at 1.6-1.7x its
     speed on 384-wide rows (torch's widens, normalizes and rounds in separate passes). Its outputs equal torch's
     in all but about 1 in 10^4 elements, those one rounding step away: its float32 mean and variance round
     otherwise than torch's (a two-pass sum against Welford's). In float32 that rounding is what parity with
