@@ -31,13 +31,13 @@ def keep_freed_batches() -> bool:
     glibc serves an allocation above its mmap threshold (128 KiB at first) from fresh pages, and each freed
     mmap'd chunk larger than the threshold raises it to that chunk's size, up to 32 MiB; the heap keeps up to
     twice the threshold free at its top before it hands memory back (the trim threshold). A batch's activations
-    (MiniLM-L6 at 4,096 tokens in bfloat16: 3-13 MB each, about 30 MB live at once; twice that in float32) were freed at its end, handed
-    back, and taken again, zero-filled, by the next: 60,000-140,000 page faults per 256 long pairs in a process
-    of its own, 2-7% of the time on bfloat16 and up to 20% on short pairs (measured). Freeing one block just under
-    32 MiB does what a run of larger batches would do: both thresholds reach glibc's ceiling (the heap then keeps
-    up to 64 MiB free), and steady-state runs take no page faults. Nothing is frozen: glibc's thresholds stay
-    dynamic (``mallopt`` would fix them), and a process whose thresholds are already there, or another
-    allocator (jemalloc, tcmalloc), sees one allocation and nothing more."""
+    (MiniLM-L6 at 4,096 tokens in bfloat16: 3-13 MB each, about 30 MB live at once; twice that in float32) were
+    freed at its end, handed back, and taken again, zero-filled, by the next batch: 60,000-140,000 page faults
+    per 256 long pairs in a process of its own, bfloat16 5-15% slower on long pairs and 10-25% on short ones
+    (measured). Freeing one block just under 32 MiB does what a run of larger batches would do: both thresholds
+    reach glibc's ceiling (the heap then keeps up to 64 MiB free), and steady-state runs take no page faults.
+    Nothing is frozen: glibc's thresholds stay dynamic (``mallopt`` would fix them), and a process whose
+    thresholds are already there, or another allocator (jemalloc, tcmalloc), sees one allocation and no more."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     torch.empty(_GLIBC_THRESHOLD_CEILING - (64 << 10), dtype=torch.uint8)  # mapped and unmapped, never touched
