@@ -240,10 +240,12 @@ XENC_INLINE vf operator-(vf a, vf b) { XENC_PARTWISE(a.part[i] - b.part[i]); }
 XENC_INLINE vf operator*(vf a, vf b) { XENC_PARTWISE(a.part[i] * b.part[i]); }
 XENC_INLINE vf fma(vf a, vf b, vf c) { XENC_PARTWISE(a.part[i] * b.part[i] + c.part[i]); }  // contracted to FMA
 XENC_INLINE vf zeros() { return vf{}; }
-XENC_INLINE nf broadcast(float x) {
-  nf r;
-  for (int l = 0; l < kLanes; ++l) r[l] = x;
-  return r;
+XENC_INLINE nf broadcast(float x) {  // spelled out: GCC builds a vector filled lane by lane with inserts
+#if defined(__AVX__)
+  return nf{x, x, x, x, x, x, x, x};
+#else
+  return nf{x, x, x, x};
+#endif
 }
 XENC_INLINE vf splat(float x) { XENC_PARTWISE(broadcast(x)); }
 XENC_INLINE nf select(ni mask, nf a, nf b) { return (nf)(((ni)a & mask) | ((ni)b & ~mask)); }
@@ -590,7 +592,8 @@ XENC_INLINE void store_scores(vf (&acc)[R][N], float c, const int64_t* lo, const
   }
 }
 
-// out[r] = (sum_j p[r][j] v[j]) * inv_sum[r] over NV * 16 columns, of which the last vector has `tail` lanes.
+// out[r] = (sum_j p[r][j] v[j]) * inv_sum[r] over NV * 16 columns, of which the last vector has `tail` lanes
+// (stored; the value rows are read whole: they are zero-padded to whole vectors).
 template <int R, int NV, typename T>
 XENC_INLINE void weighted_sum_tile(const float* p, int64_t p_stride, const float* v, int64_t v_stride,
                                    int64_t num_keys, int64_t tail, const float* inv_sum, T* out,
@@ -601,7 +604,7 @@ XENC_INLINE void weighted_sum_tile(const float* p, int64_t p_stride, const float
     const float* row = v + j * v_stride;
     vf vv[NV];
     for (int c = 0; c < NV; ++c) {
-      vv[c] = c + 1 < NV ? loadu(row + 16 * c) : load_first(row + 16 * c, tail);
+      vv[c] = load(row + 16 * c);
     }
     for (int r = 0; r < R; ++r) {
       const vf w = splat(p[r * p_stride + j]);
