@@ -39,10 +39,12 @@ class ParityRecorder:
         lines = [
             "# Parity with sentence-transformers' CrossEncoder",
             "",
-            f"Written by `pytest parity_tests` on {datetime.date.today()} ({platform.machine()}, "
-            f"{platform.python_version()}). Each value is |xenc_lab - CrossEncoder.predict| over every "
-            "hypothesis-generated pair checked in that run; `spread` is the std of the oracle's values over "
-            "the same pairs (parity is meaningful only when it is far above the deltas).",
+            (
+                f"Written by `pytest parity_tests` on {datetime.date.today()} ({platform.machine()}, "
+                f"{platform.python_version()}). Each value is |xenc_lab - CrossEncoder.predict| over every "
+                "hypothesis-generated pair checked in that run; `spread` is the std of the oracle's values over "
+                "the same pairs (parity is meaningful only when it is far above the deltas)."
+            ),
             "",
             "| architecture | dtype | quantity | values checked | max abs delta | mean abs delta | spread (std) |",
             "|---|---|---|---:|---:|---:|---:|",
@@ -52,9 +54,12 @@ class ParityRecorder:
         if self.arbitrations:
             lines += [
                 "",
-                f"{len(self.arbitrations)} example(s) fell outside the tolerance and were checked against the oracle "
-                "in float64 (ill-conditioned inputs, where the oracle's own fp32 error exceeds the tolerance; "
-                "hypothesis's shrinking repeats a failing example, so one input can count more than once):",
+                (
+                    f"{len(self.arbitrations)} example(s) fell outside the tolerance and were checked against the "
+                    "oracle in float64 (ill-conditioned inputs, where the oracle's own fp32 error exceeds the "
+                    "tolerance; hypothesis's shrinking repeats a failing example, so one input can count more than "
+                    "once):"
+                ),
                 "",
                 "| architecture | CrossEncoder fp32 error vs float64 | xenc_lab error vs float64 |",
                 "|---|---:|---:|",
