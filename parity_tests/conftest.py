@@ -24,7 +24,10 @@ settings.register_profile(
 settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=25)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-REPORT = Path(__file__).resolve().parent.parent / "reports" / "parity.md"
+# Where xenc_lab runs ("cpu", or "cuda" on a machine with a GPU); the oracle runs on the CPU in either case. A run
+# on another device reports to reports/parity-<device>.md.
+DEVICE = os.environ.get("XENC_LAB_PARITY_DEVICE", "cpu")
+REPORT = Path(__file__).resolve().parent.parent / "reports" / ("parity.md" if DEVICE == "cpu" else f"parity-{DEVICE}.md")
 ROOT = cache_dir() / "parity"
 
 
@@ -58,7 +61,7 @@ def model_dir(arch: str) -> Path:
 
 @functools.cache
 def scorer(arch: str, **kwargs) -> Scorer:
-    return Scorer(model_dir(arch), device="cpu", **kwargs)
+    return Scorer(model_dir(arch), device=DEVICE, **kwargs)
 
 
 @functools.cache
@@ -87,7 +90,7 @@ def recorder() -> ParityRecorder:
 
 def pytest_sessionfinish(session, exitstatus):
     if any(True for _ in RECORDER.rows()):
-        RECORDER.write(REPORT)
+        RECORDER.write(REPORT, DEVICE)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -35,7 +35,12 @@ class ParityRecorder:
             delta = np.concatenate(self.deltas[key])
             yield (*key, len(delta), float(delta.max()), float(delta.mean()), self.spread(*key))
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, device: str = "cpu") -> None:
+        where = ""
+        if device != "cpu":
+            import torch
+
+            where = f" xenc_lab ran on {torch.cuda.get_device_name(device)} (`XENC_LAB_PARITY_DEVICE={device}`), the oracle on the CPU."
         lines = [
             "# Parity with sentence-transformers' CrossEncoder",
             "",
@@ -43,7 +48,7 @@ class ParityRecorder:
                 f"Written by `pytest parity_tests` on {datetime.date.today()} ({platform.machine()}, "
                 f"{platform.python_version()}). Each value is |xenc_lab - CrossEncoder.predict| over every "
                 "hypothesis-generated pair checked in that run; `spread` is the std of the oracle's values over "
-                "the same pairs (parity is meaningful only when it is far above the deltas)."
+                "the same pairs (parity is meaningful only when it is far above the deltas)." + where
             ),
             "",
             "| architecture | dtype | quantity | values checked | max abs delta | mean abs delta | spread (std) |",

@@ -111,20 +111,25 @@ def test_every_tensor_of_a_bucket_shaped_batch_has_a_shape_set_by_the_bucket_alo
     assert batches[0].cu_first.tolist() == [0, 1, 2, 3] + [3] * 29  # one query per pair, none for the filler
 
 
-def test_varlen_takes_a_scale_only_where_torchs_varlen_attn_has_the_argument(monkeypatch):
+def test_varlen_takes_a_scale_and_a_window_only_where_torchs_varlen_attn_has_the_argument(monkeypatch):
     from types import SimpleNamespace
 
     from xenc_lab import layers
 
-    calls = []  # a stand-in kernel with no scale argument, as torch 2.9 and 2.10 have it
+    calls = []  # a stand-in kernel with neither argument, as torch's first varlen_attn had it
     monkeypatch.setattr(layers, "_varlen_attn", lambda *args, **kwargs: calls.append(kwargs))
     monkeypatch.setattr(layers, "_VARLEN_TAKES_SCALE", False)
+    monkeypatch.setattr(layers, "_VARLEN_TAKES_WINDOW", False)
     half_on_cuda = SimpleNamespace(is_cuda=True, dtype=torch.float16)
     assert layers._use_varlen(half_on_cuda, None, None, 64) and layers._use_varlen(half_on_cuda, None, 64**-0.5, 64)
     assert not layers._use_varlen(half_on_cuda, None, 0.1, 64)  # another scale: the padded SDPA path
     assert not layers._use_varlen(half_on_cuda, 128, None, 64)  # sliding window
     assert not layers._use_varlen(SimpleNamespace(is_cuda=True, dtype=torch.float32), None, None, 64)
+    assert not layers._use_varlen(SimpleNamespace(is_cuda=False, dtype=torch.float16), None, None, 64)
     layers._varlen(None, None, None, None, None, 1, 1, 64**-0.5)
     monkeypatch.setattr(layers, "_VARLEN_TAKES_SCALE", True)
+    monkeypatch.setattr(layers, "_VARLEN_TAKES_WINDOW", True)
+    assert layers._use_varlen(half_on_cuda, 128, 0.1, 64)
     layers._varlen(None, None, None, None, None, 1, 1, 0.1)
-    assert calls == [{}, {"scale": 0.1}]
+    layers._varlen(None, None, None, None, None, 1, 1, None, 128)  # |i - j| <= 64 on either side
+    assert calls == [{}, {"scale": 0.1}, {"window_size": (64, 64)}]

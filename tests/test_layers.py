@@ -29,14 +29,19 @@ from .test_batch import encodings
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def varlen_attn_on_the_cpu(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None):
+def varlen_attn_on_the_cpu(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
     """torch's CUDA-only varlen_attn as a CPU stand-in, with what flash attention asks of its inputs. Like the
-    kernel, it computes no query row past ``max_q`` in a sequence: those rows come back NaN here."""
+    kernel, it computes no query row past ``max_q`` in a sequence: those rows come back NaN here. A window
+    (left, right) is taken where queries and keys are the same rows, the only case where xenc_lab passes one
+    (flash attention aligns a shorter query sequence with the end of the keys)."""
     assert q.dim() == k.dim() == v.dim() == 3 and q.shape[1:] == k.shape[1:] == v.shape[1:], (q.shape, k.shape)
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "the head dimension must be contiguous"
     assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape, (cu_q.dtype, cu_q.shape, cu_k.shape)
     assert cu_q[0] == cu_k[0] == 0 and cu_q[-1] == q.shape[0] and cu_k[-1] == k.shape[0], "cu_seqlens must cover the rows"
     assert isinstance(max_q, int) and isinstance(max_k, int)
+    left, right = window_size
+    if (left, right) != (-1, -1):
+        assert torch.equal(cu_q, cu_k) and min(left, right) >= 0, (window_size, cu_q, cu_k)
     out = torch.full_like(q, float("nan"))
     for b in range(cu_q.shape[0] - 1):
         qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
@@ -46,8 +51,12 @@ def varlen_attn_on_the_cpu(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None):
         if ke == ks:  # no keys: flash attention writes zeros
             out[qs : qs + rows] = 0
             continue
+        mask = None
+        if (left, right) != (-1, -1):
+            i, j = torch.arange(rows)[:, None], torch.arange(ke - ks)[None, :]
+            mask = (j >= i - left) & (j <= i + right)
         qh, kh, vh = q[qs : qs + rows].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1)
-        out[qs : qs + rows] = F.scaled_dot_product_attention(qh, kh, vh, scale=scale).transpose(0, 1)
+        out[qs : qs + rows] = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale).transpose(0, 1)
     return out
 
 
@@ -62,7 +71,8 @@ def attention_path(request, monkeypatch):
     if request.param == "varlen":
         monkeypatch.setattr("xenc_lab.layers._varlen_attn", varlen_attn_on_the_cpu)
         monkeypatch.setattr("xenc_lab.layers._VARLEN_TAKES_SCALE", True)
-        monkeypatch.setattr("xenc_lab.layers._use_varlen", lambda x, window, scale, head_dim: window is None)
+        monkeypatch.setattr("xenc_lab.layers._VARLEN_TAKES_WINDOW", True)
+        monkeypatch.setattr("xenc_lab.layers._use_varlen", lambda x, window, scale, head_dim: True)
     return request.param
 
 

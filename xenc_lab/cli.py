@@ -100,7 +100,7 @@ def bench(args: argparse.Namespace) -> int:
     dtypes = args.dtypes or (["float16", "bfloat16"] if args.device == "cuda" else ["float32", "bfloat16"])
     rows = B.run(
         args.model, workloads=workloads, dtypes=dtypes, n_pairs=args.pairs or 256,
-        repeats=args.repeats, compile=args.compile, device=args.device,
+        repeats=args.repeats, compile=args.compile, device=args.device, max_batch_tokens=args.max_batch_tokens,
     )
     notes = []
     if args.memory:
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--pairs", type=_positive_int, default=None,
                    help="pairs per built-in workload (default 256); for --pairs-file, the first PAIRS of each file (default all)")
     b.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per engine (median is reported)")
+    b.add_argument("--max-batch-tokens", type=_positive_int, default=None, metavar="TOKENS",
+                   help="xenc_lab's token budget per batch (default: the Scorer's)")
     b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")

@@ -62,20 +62,29 @@ except ImportError:  # pragma: no cover
     _varlen_attn = None
 
 
-# torch 2.9 and 2.10's varlen_attn take no scale: there it is always 1 / sqrt(head dim).
-_VARLEN_TAKES_SCALE = _varlen_attn is not None and "scale" in inspect.signature(_varlen_attn).parameters
+# torch's varlen_attn took no scale at first (then always 1 / sqrt(head dim)) and no window; later versions take both.
+_VARLEN_ARGS = set(inspect.signature(_varlen_attn).parameters) if _varlen_attn is not None else set()
+_VARLEN_TAKES_SCALE = "scale" in _VARLEN_ARGS
+_VARLEN_TAKES_WINDOW = "window_size" in _VARLEN_ARGS
 
 
 def _use_varlen(x: torch.Tensor, window: int | None, scale: float | None, head_dim: int) -> bool:
-    if _varlen_attn is None or window is not None or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+    if _varlen_attn is None or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if window is not None and not _VARLEN_TAKES_WINDOW:
         return False
     return scale is None or _VARLEN_TAKES_SCALE or scale == head_dim**-0.5
 
 
-def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None) -> torch.Tensor:
+def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, window: int | None = None) -> torch.Tensor:
+    """Flash attention over cu_seqlens. ``window``: key j is visible from query i when |i - j| <= window // 2, as
+    flash attention's (left, right) window (``_use_varlen`` checked that this torch takes one)."""
+    kwargs = {}
     if scale is not None and _VARLEN_TAKES_SCALE:
-        return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale)
-    return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k)  # the default scale (``_use_varlen`` checked)
+        kwargs["scale"] = scale  # else the default scale (``_use_varlen`` checked)
+    if window is not None:
+        kwargs["window_size"] = (window // 2, window // 2)
+    return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
 def _cu_with_filler(cu: torch.Tensor, total: int) -> torch.Tensor:
@@ -124,7 +133,7 @@ def packed_attention(
     if _use_varlen(qkv, window, scale, dh):
         q, k, v = qkv.view(T, 3, num_heads, dh).unbind(1)  # (T, H, dh) each
         cu = _cu_with_filler(batch.cu_seqlens, T)
-        out = _varlen(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale)
+        out = _varlen(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen, scale, window)
         return out.reshape(T, d)
     B, L = batch.seq_lens.shape[0], batch.max_seqlen
     q, k, v = to_padded(qkv, batch).view(B, L, 3, num_heads, dh).permute(2, 0, 3, 1, 4)  # (B, H, L, dh)
@@ -151,7 +160,9 @@ def first_token_attention(
         out = packed_attention_cpu(q, k, v, batch.cu_first, batch.cu_seqlens, num_heads, scale, window)
         if out is not None:
             return out
-    if _use_varlen(q, window, scale, dh):
+    # Flash attention aligns a shorter query sequence with the end of its keys (a window would then sit around
+    # the pair's last token, not its first): windowed layers take the padded path below.
+    if window is None and _use_varlen(q, None, scale, dh):
         cu_q, cu_k = _cu_with_filler(batch.cu_first, B), _cu_with_filler(batch.cu_seqlens, T)
         k, v = kv.view(T, 2, num_heads, dh).unbind(1)
         out = _varlen(q.view(B, num_heads, dh), k, v, cu_q, cu_k, 1, batch.max_seqlen, scale)

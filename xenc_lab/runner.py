@@ -10,6 +10,9 @@ import torch
 from torch import nn
 
 from .batch import PackedBatch
+from .config import env_choice
+
+CUDA_COMPILES = ("dynamic", "static")
 
 
 def _graphs_compiled() -> int:
@@ -51,7 +54,9 @@ class ModelRunner:
     and attention are opaque ops, and inductor fuses what lies between them), so any batch reuses the one
     graph and nothing is padded. On CUDA, "reduce-overhead" records a CUDA graph per shape, which must be
     static: there the caller pads batches to page-quantized bucket shapes (``pages.bucket_shape``), and a
-    long run compiles a handful of graphs rather than one per batch."""
+    long run records a handful of CUDA graphs rather than one per batch. Inductor compiles the CUDA forward
+    once with symbolic sizes too, and each new bucket shape costs a graph recording, not a compilation;
+    ``XENC_LAB_CUDA_COMPILE=static`` compiles one graph per bucket shape instead (benchmarks compare them)."""
 
     MAX_GRAPHS = 64  # compiled graphs kept before torch.compile would fall back to eager
 
@@ -60,8 +65,10 @@ class ModelRunner:
         self.device = device
         self.compiled = compile
         self.static_shapes = compile and device.type == "cuda"
+        # Symbolic sizes: on the CPU one graph serves every batch; on CUDA one compilation serves every bucket.
+        self.dynamic = not self.static_shapes or env_choice("XENC_LAB_CUDA_COMPILE", CUDA_COMPILES) != "static"
         self.compile_options = self._compile_options() if compile else {}
-        self._forward = torch.compile(model, dynamic=not self.static_shapes, options=self.compile_options) if compile else model
+        self._forward = torch.compile(model, dynamic=self.dynamic, options=self.compile_options) if compile else model
         self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
         if device.type == "cpu":
             keep_freed_batches()
