@@ -132,11 +132,14 @@ class PairTokenizer:
         self.specials = specials
         self.template: Template | None = None  # None: the tokenizer truncates pairs itself
         if getattr(self.tokenizer, "is_fast", False):
-            # A copy of the backend, free of the truncation and padding that transformers sets on the tokenizer's own
-            self.backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
-            self.backend.no_truncation()
-            self.backend.no_padding()
-            self.template = read_template(self.backend)
+            try:  # a copy of the backend, free of the truncation and padding transformers sets on the tokenizer's own
+                self.backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+            except Exception:  # components written in Python do not serialize: the tokenizer truncates itself
+                self.backend = None
+            if self.backend is not None:
+                self.backend.no_truncation()
+                self.backend.no_padding()
+                self.template = read_template(self.backend)
             if self.template is not None and sum(part[0] == "special" for part in self.template) != specials:
                 self.template = None
         if self.template is not None:
