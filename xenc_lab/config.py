@@ -1,5 +1,6 @@
 """The one configuration object of a Scorer: what to load and how to batch it; and the environment variables
-that override choices xenc_lab makes from the machine (``XENC_LAB_BF16_GEMM``, ``XENC_LAB_CPU_ATTENTION``)."""
+that override choices xenc_lab makes from the machine (``XENC_LAB_BF16_GEMM``, ``XENC_LAB_CPU_ATTENTION``,
+``XENC_LAB_CUDA_COMPILE``)."""
 from __future__ import annotations
 
 import numbers
