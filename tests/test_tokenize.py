@@ -96,3 +96,16 @@ def test_without_a_template_the_tokenizer_truncates_pairs_itself(tiny_dir, monke
     out = tok.tokenizer(first, second, truncation="longest_first")
     enc = tok([first], [second])
     assert enc.pair(0) == out["input_ids"] and enc.type_ids.tolist() == out["token_type_ids"] and len(enc.pair(0)) == 12
+
+
+def test_a_backend_that_does_not_serialize_truncates_pairs_itself(tiny_dir, monkeypatch):
+    class Unserializable:  # as tokenizers answers for a pre-tokenizer written in Python
+        @staticmethod
+        def from_str(text):
+            raise Exception("Custom PreTokenizer cannot be serialized")  # noqa: TRY002 (its very type)
+
+    monkeypatch.setattr("xenc_lab.tokenize.Tokenizer", Unserializable)
+    tok = PairTokenizer(tiny_dir, load_config(tiny_dir), 12, save=read_cross_encoder_save(tiny_dir))
+    assert tok.template is None and tok.backend is None
+    enc = tok(["the river flows " * 6], ["second text"])
+    assert enc.pair(0) == tok.tokenizer("the river flows " * 6, "second text", truncation="longest_first")["input_ids"]
