@@ -13,7 +13,7 @@ from tokenizers.processors import TemplateProcessing
 
 from xenc_lab.loader import load_config
 from xenc_lab.st_format import read_cross_encoder_save
-from xenc_lab.tokenize import PairTokenizer, longest_first, read_template
+from xenc_lab.tokenize import PairTokenizer, longest_first, read_layout
 
 WORDS = ["w", "the", "river", "flows", "ünïcödé", "日本語", "🙂", "a-b", "1,234", "naïve", "unaffable", "xyzzyq"]
 
@@ -58,7 +58,7 @@ texts = st.lists(st.sampled_from(WORDS), max_size=90).map(" ".join) | st.text(ma
        side=st.sampled_from(["right", "left"]))
 def test_pairs_get_the_tokenizers_own_ids_and_type_ids(pair_tokenizer, pairs, max_length, side):
     tok = pair_tokenizer(max_length)
-    assert tok.template is not None
+    assert tok.layout is not None
     tok.tokenizer.truncation_side = side
     ours = tok([a for a, _ in pairs], [b for _, b in pairs])
     theirs = tok._tokenizer_call([a for a, _ in pairs], [b for _, b in pairs])
@@ -68,30 +68,30 @@ def test_pairs_get_the_tokenizers_own_ids_and_type_ids(pair_tokenizer, pairs, ma
     assert ours.lengths.max() <= max_length
 
 
-def test_the_template_is_read_from_the_post_processor(pair_tokenizer):
+def test_the_layout_is_read_from_the_post_processor(pair_tokenizer):
     tok = pair_tokenizer()
     cls, sep = tok.tokenizer.cls_token_id, tok.tokenizer.sep_token_id
-    assert tok.template == [("special", cls, 0), ("text", 0, 0), ("special", sep, 0), ("text", 1, 1), ("special", sep, 1)]
+    assert tok.layout.parts == [("special", cls, 0), ("text", 0, 0), ("special", sep, 0), ("text", 1, 1), ("special", sep, 1)]
 
 
-def test_a_layout_with_the_texts_swapped_is_not_read_as_a_template(tiny_dir):
+def test_a_layout_with_the_texts_swapped_is_not_read(tiny_dir):
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(tiny_dir)
     backend = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     backend.no_padding()
-    assert read_template(backend) is not None
+    assert read_layout(backend) is not None
     backend.post_processor = TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $B [SEP] $A:1 [SEP]:1",
         special_tokens=[("[CLS]", hf.cls_token_id), ("[SEP]", hf.sep_token_id)],
     )
-    assert read_template(backend) is None
+    assert read_layout(backend) is None
 
 
-def test_without_a_template_the_tokenizer_truncates_pairs_itself(tiny_dir, monkeypatch):
-    monkeypatch.setattr("xenc_lab.tokenize.read_template", lambda backend: None)
+def test_without_a_layout_the_tokenizer_truncates_pairs_itself(tiny_dir, monkeypatch):
+    monkeypatch.setattr("xenc_lab.tokenize.read_layout", lambda backend: None)
     tok = PairTokenizer(tiny_dir, load_config(tiny_dir), 12, save=read_cross_encoder_save(tiny_dir))
-    assert tok.template is None
+    assert tok.layout is None
     first, second = "the river flows " * 6, "second text"
     out = tok.tokenizer(first, second, truncation="longest_first")
     enc = tok([first], [second])
@@ -106,6 +106,6 @@ def test_a_backend_that_does_not_serialize_truncates_pairs_itself(tiny_dir, monk
 
     monkeypatch.setattr("xenc_lab.tokenize.Tokenizer", Unserializable)
     tok = PairTokenizer(tiny_dir, load_config(tiny_dir), 12, save=read_cross_encoder_save(tiny_dir))
-    assert tok.template is None and tok.backend is None
+    assert tok.layout is None and tok.backend is None
     enc = tok(["the river flows " * 6], ["second text"])
     assert enc.pair(0) == tok.tokenizer("the river flows " * 6, "second text", truncation="longest_first")["input_ids"]

@@ -63,44 +63,55 @@ def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
     return (keep_long, short) if n1 > n2 else (short, keep_long)
 
 
-# A pair's layout: ("special", id, type id) for each special token and ("text", 0 or 1, type id) for each text's slot.
-Template = list[tuple[str, int, int]]
+class PairLayout:
+    """Where a tokenizer's post-processor puts a pair's special tokens: ``parts`` holds ("special", id, type id)
+    for each special token and ("text", 0 or 1, type id) for each text, in order (the first text first)."""
+
+    def __init__(self, parts: list[tuple[str, int, int]]):
+        self.parts = parts
+        self.text_parts = [i for i, part in enumerate(parts) if part[0] == "text"]
+        assert [parts[i][1] for i in self.text_parts] == [0, 1], parts
+        first, second = self.text_parts
+        ids = [part[1] for part in parts]
+        self.before, self.between, self.after = ids[:first], ids[first + 1 : second], ids[second + 1 :]
+        self.specials = len(parts) - 2
+        self.part_types = np.array([part[2] for part in parts], dtype=np.int64)
+
+    def ids(self, ids_1: list[int], ids_2: list[int]) -> list[int]:
+        return self.before + ids_1 + self.between + ids_2 + self.after
+
+    def type_ids(self, kept: np.ndarray) -> np.ndarray:
+        """The type ids of pairs laid end to end whose texts kept (N, 2) tokens: one run per part."""
+        runs = np.ones((len(kept), len(self.parts)), dtype=np.int64)
+        runs[:, self.text_parts] = kept
+        return np.repeat(np.tile(self.part_types, len(kept)), runs.ravel())
+
+
 _PROBES = [("hello world", "a b c"), ("a", "b"), ("", "some text"), ("one two three four five", ""), ("", ""),
            ("Zürich 東京 ok", "🙂 x")]
 
 
-def read_template(backend: Tokenizer) -> Template | None:
+def read_layout(backend: Tokenizer) -> PairLayout | None:
     """The pair layout ``backend``'s post-processor makes (``backend`` with no truncation or padding), or None where it
     is not a fixed template of special tokens around the two texts' own tokens, as encoded alone (probe pairs)."""
     full = backend.encode(*_PROBES[0], add_special_tokens=True)
-    template: Template = []
+    parts: list[tuple[str, int, int]] = []
     for token, type_id, seq in zip(full.ids, full.type_ids, full.sequence_ids):
         if seq is None:
-            template.append(("special", token, type_id))
-        elif not template or template[-1][:2] != ("text", seq):
-            template.append(("text", seq, type_id))
-        elif template[-1][2] != type_id:
+            parts.append(("special", token, type_id))
+        elif not parts or parts[-1][:2] != ("text", seq):
+            parts.append(("text", seq, type_id))
+        elif parts[-1][2] != type_id:
             return None
-    if [part[1] for part in template if part[0] == "text"] != [0, 1]:
+    if [part[1] for part in parts if part[0] == "text"] != [0, 1]:
         return None
+    layout = PairLayout(parts)
     for a, b in _PROBES:
         full = backend.encode(a, b, add_special_tokens=True)
-        alone = [e.ids for e in backend.encode_batch([a, b], add_special_tokens=False)]
-        ids, type_ids = lay_out(template, alone[0], alone[1])
-        if ids != full.ids or type_ids != full.type_ids:
+        ids_1, ids_2 = (e.ids for e in backend.encode_batch([a, b], add_special_tokens=False))
+        if layout.ids(ids_1, ids_2) != full.ids or layout.type_ids(np.array([[len(ids_1), len(ids_2)]])).tolist() != full.type_ids:
             return None
-    return template
-
-
-def lay_out(template: Template, ids_1: list[int], ids_2: list[int]) -> tuple[list[int], list[int]]:
-    """A pair's ids and type ids from its two texts' ids."""
-    texts = (ids_1, ids_2)
-    ids, type_ids = [], []
-    for kind, value, type_id in template:
-        part = [value] if kind == "special" else texts[value]
-        ids += part
-        type_ids += [type_id] * len(part)
-    return ids, type_ids
+    return layout
 
 
 class PairTokenizer:
@@ -130,7 +141,7 @@ class PairTokenizer:
             )
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
         self.specials = specials
-        self.template: Template | None = None  # None: the tokenizer truncates pairs itself
+        self.layout: PairLayout | None = None  # None: the tokenizer truncates pairs itself
         self.backend: Tokenizer | None = None
         if getattr(self.tokenizer, "is_fast", False):
             try:  # a copy of the backend, free of the truncation and padding transformers sets on the tokenizer's own
@@ -140,15 +151,9 @@ class PairTokenizer:
             if self.backend is not None:
                 self.backend.no_truncation()
                 self.backend.no_padding()
-                self.template = read_template(self.backend)
-            if self.template is not None and sum(part[0] == "special" for part in self.template) != specials:
-                self.template = None
-        if self.template is not None:
-            text_parts = [i for i, part in enumerate(self.template) if part[0] == "text"]
-            ids = [part[1] for part in self.template]
-            self._specials = ids[: text_parts[0]], ids[text_parts[0] + 1 : text_parts[1]], ids[text_parts[1] + 1 :]
-            self._text_parts = text_parts
-            self._part_types = np.array([part[2] for part in self.template], dtype=np.int64)
+                self.layout = read_layout(self.backend)
+            if self.layout is not None and self.layout.specials != specials:
+                self.layout = None
 
     def _force_lowercase(self) -> None:
         backend = self.tokenizer.backend_tokenizer
@@ -159,11 +164,12 @@ class PairTokenizer:
 
     def __call__(self, text_1: list[str], text_2: list[str]) -> Encodings:
         assert len(text_1) == len(text_2), (len(text_1), len(text_2))
-        if self.template is None:
+        layout = self.layout
+        if layout is None:
             return self._tokenizer_call(text_1, text_2)
         budget = self.max_length - self.specials
         from_left = self.tokenizer.truncation_side == "left"
-        (before, between, after), n = self._specials, len(text_1)
+        n = len(text_1)
         rows, kept = [], np.empty((n, 2), dtype=np.int64)
         firsts = self.backend.encode_batch(text_1, add_special_tokens=False)
         seconds = self.backend.encode_batch(text_2, add_special_tokens=False)
@@ -174,18 +180,12 @@ class PairTokenizer:
                 ids_1, ids_2 = ids_1[len(ids_1) - keep_1 :], ids_2[len(ids_2) - keep_2 :]
             elif keep_1 < len(ids_1) or keep_2 < len(ids_2):
                 ids_1, ids_2 = ids_1[:keep_1], ids_2[:keep_2]
-            rows.append(before + ids_1 + between + ids_2 + after)
+            rows.append(layout.ids(ids_1, ids_2))
             kept[i] = keep_1, keep_2
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(kept.sum(axis=1) + self.specials, out=offsets[1:])
-        total = int(offsets[-1])
-        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
-        type_ids = None
-        if self.emits_token_type_ids:  # one run per template part: a special token, or a text's kept tokens
-            runs = np.ones((n, len(self.template)), dtype=np.int64)
-            runs[:, self._text_parts] = kept
-            type_ids = np.repeat(np.tile(self._part_types, n), runs.ravel())
-        return Encodings(ids, type_ids, offsets)
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
+        return Encodings(ids, layout.type_ids(kept) if self.emits_token_type_ids else None, offsets)
 
     def _tokenizer_call(self, text_1: list[str], text_2: list[str]) -> Encodings:
         """The pairs as CrossEncoder tokenizes them: the tokenizer truncates them itself."""
