@@ -31,7 +31,7 @@ _NAME = "xenc_lab_kernels"
 
 _lock = threading.Lock()
 # Answers found once per process: "loaded" (the extension's ops are in torch.ops.xenc_lab), ("tiles", dtype) (the
-# tile path runs at dtype), "gemm" (linear_bf16 runs), "half gemm" (linear_half runs).
+# tile path runs at dtype), "gemm" (linear_bf16 runs), "f32 gemm" (linear_f32 runs), "half gemm" (linear_half runs).
 _answers: dict[object, bool] = {}
 
 
@@ -161,6 +161,7 @@ def _build() -> bool:
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
         torch.library.register_fake("xenc_lab::linear_bf16", _linear_bf16_fake)
+        torch.library.register_fake("xenc_lab::linear_f32", _linear_bf16_fake)
         torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
@@ -282,11 +283,11 @@ def layer_norm_cpu(
     return torch.ops.xenc_lab.layer_norm(x, weight, bias, float(eps))
 
 
-GEMM_COLS = 64  # columns of W^T per packed block of ``linear_bf16`` (kGemmCols in the C++ source)
+GEMM_COLS = 64  # columns of W^T per packed block of ``linear_bf16`` and ``linear_f32`` (kGemmCols in the C++ source)
 
 
 def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A linear layer's (N, K) weight and (N,) bias (or None) in ``linear_bf16``'s layout: float32 blocks
+    """A linear layer's (N, K) weight and (N,) bias (or None) in ``linear_bf16``'s and ``linear_f32``'s layout: float32 blocks
     (ceil(N / 64), K, 64) of W^T and a (ceil(N / 64) * 64,) bias, zero-padded past N."""
     n, k = weight.shape
     width = -(-n // GEMM_COLS) * GEMM_COLS
@@ -321,6 +322,44 @@ def _gemm_check() -> bool:
             "using oneDNN's")
         for activation, want in expected.items()
     )
+
+
+@torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
+def f32_gemm_available() -> bool:
+    """Whether ``linear_f32`` runs here: a build for a CPU with AVX2 and FMA (or AVX-512) and a torch with ATen's fp32
+    brgemm, checked once per process on a small problem (a partial block of rows and of columns, GELU and residual)
+    against the exact result."""
+    if not _available() or not torch.ops.xenc_lab.gemm_f32_built():
+        return False
+    return _once("f32 gemm", _f32_gemm_check)
+
+
+def _f32_gemm_check() -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, weight, bias, residual = (torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,), (100, 80)))
+    blocks, padded = gemm_blocks(weight, bias)
+    product = x.double() @ weight.double().t() + bias.double()
+    expected = {"gelu": torch.nn.functional.gelu(product), "none": product + residual.double()}
+    return all(  # fp32 rounding of 72-term sums, about 1e-6 here; a wrong layout is off by units
+        _agrees(f"fp32 GEMM ({activation})", lambda a=activation: torch.ops.xenc_lab.linear_f32(
+            x, blocks, padded, 80, a, residual if a == "none" else None).double(), want, 1e-5, "using oneDNN's")
+        for activation, want in expected.items()
+    )
+
+
+def linear_f32_cpu(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    bias: torch.Tensor,
+    out_features: int,
+    activation: str = "none",
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x W^T + bias, then exact GELU (``activation="gelu"``, torch's erf approximation) or ``+ residual``, in
+    float32: x is (M, K) float32 with contiguous columns, ``blocks``/``bias`` from ``gemm_blocks``. ATen's fp32
+    brgemm (oneDNN) on blocks of 96 rows by 64 columns, the bias and GELU or residual applied to each output tile in
+    cache. Callers check ``f32_gemm_available()`` first."""
+    return torch.ops.xenc_lab.linear_f32(x, blocks, bias, out_features, activation, residual)
 
 
 def linear_bf16_cpu(

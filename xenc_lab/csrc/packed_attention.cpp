@@ -26,8 +26,8 @@
 // In bf16 and fp16 there is a second path, the tile path (TileWorker, below): the two products as oneDNN GEMMs
 // (AMX tiles where the CPU has them), the same softmax between them. Which one runs is the caller's choice.
 //
-// The file also holds the row LayerNorm of 16-bit streams and the GEMMs of bf16 linear layers on fp32 and on fp16
-// FMAs (their sections, below).
+// The file also holds the row LayerNorm of 16-bit streams, an fp32 GEMM with its epilogue in cache (for fp32 layers
+// with GELU, and for bf16 layers), and the GEMM of bf16 linear layers on fp16 FMAs (their sections, below).
 //
 // The kernel is written once over 16-lane fp32 vectors: AVX-512 intrinsics on x86 with AVX512F/BW/VL, GCC/Clang
 // generic vectors elsewhere (which the compiler maps onto AVX2, SSE, NEON, ...).
@@ -55,9 +55,11 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define XENC_AVX512 1
-#include <immintrin.h>
 #else
 #define XENC_AVX512 0
+#endif
+#if defined(__AVX__)
+#include <immintrin.h>
 #endif
 
 #if defined(__AVX512BF16__) && XENC_AVX512
@@ -67,8 +69,8 @@
 #endif
 
 // The tile path needs ATen's batch-reduce GEMM (oneDNN's brgemm ukernel), which runs on AMX tiles where the CPU
-// has them and on AVX-512 dot products elsewhere; without AVX-512 it is not built.
-#if XENC_AVX512 && __has_include(<ATen/native/CPUBlas.h>)
+// has them and on AVX-512 dot products elsewhere; without AVX-512 it is not built. Its fp32 GEMM runs on AVX2 too.
+#if (XENC_AVX512 || (defined(__AVX2__) && defined(__FMA__))) && __has_include(<ATen/native/CPUBlas.h>)
 #include <ATen/native/CPUBlas.h>
 #endif
 #if XENC_AVX512 && defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
@@ -76,8 +78,14 @@
 #else
 #define XENC_TILES 0
 #endif
-// The bf16 linear layers' fp32 GEMM (linear_bf16, below) runs ATen's fp32 brgemm ukernel on AVX-512.
-#if XENC_AVX512 && defined(CPUBLAS_BRGEMM_F32F32F32)
+// The fp32 GEMM of float32 layers with the exact GELU (linear_f32, below) runs ATen's fp32 brgemm ukernel, on
+// AVX2 or AVX-512; the bf16 linear layers' fp32 GEMM (linear_bf16) is built on AVX-512 alone.
+#if (XENC_AVX512 || (defined(__AVX2__) && defined(__FMA__))) && defined(CPUBLAS_BRGEMM_F32F32F32)
+#define XENC_GEMM_F32 1
+#else
+#define XENC_GEMM_F32 0
+#endif
+#if XENC_AVX512 && XENC_GEMM_F32
 #define XENC_GEMM 1
 #else
 #define XENC_GEMM 0
@@ -121,7 +129,12 @@ XENC_INLINE vf load(const float* p) { return _mm512_load_ps(p); }  // p 64-byte 
 XENC_INLINE vf loadu(const float* p) { return _mm512_loadu_ps(p); }
 XENC_INLINE void store(float* p, vf x) { _mm512_store_ps(p, x); }  // p 64-byte aligned
 XENC_INLINE vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+XENC_INLINE vf fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
 XENC_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+XENC_INLINE vf vand(vf a, vf b) { return _mm512_and_ps(a, b); }
+XENC_INLINE vf vandnot(vf a, vf b) { return _mm512_andnot_ps(a, b); }  // ~a & b
+XENC_INLINE vf vor(vf a, vf b) { return _mm512_or_ps(a, b); }
+XENC_INLINE vf recip_estimate(vf d) { return _mm512_rcp14_ps(d); }  // 1 / d to 14 bits
 XENC_INLINE float reduce_max(vf x) { return _mm512_reduce_max_ps(x); }
 XENC_INLINE float reduce_add(vf x) { return _mm512_reduce_add_ps(x); }
 XENC_INLINE vf keep_lanes(vf x, uint32_t mask, float fill) {  // x on the lanes of mask, fill elsewhere
@@ -239,6 +252,18 @@ XENC_INLINE vf operator+(vf a, vf b) { XENC_PARTWISE(a.part[i] + b.part[i]); }
 XENC_INLINE vf operator-(vf a, vf b) { XENC_PARTWISE(a.part[i] - b.part[i]); }
 XENC_INLINE vf operator*(vf a, vf b) { XENC_PARTWISE(a.part[i] * b.part[i]); }
 XENC_INLINE vf fma(vf a, vf b, vf c) { XENC_PARTWISE(a.part[i] * b.part[i] + c.part[i]); }  // contracted to FMA
+XENC_INLINE vf fnma(vf a, vf b, vf c) { XENC_PARTWISE(c.part[i] - a.part[i] * b.part[i]); }  // contracted to FNMA
+XENC_INLINE vf vand(vf a, vf b) { XENC_PARTWISE((nf)((ni)a.part[i] & (ni)b.part[i])); }
+XENC_INLINE vf vandnot(vf a, vf b) { XENC_PARTWISE((nf)(~(ni)a.part[i] & (ni)b.part[i])); }  // ~a & b
+XENC_INLINE vf vor(vf a, vf b) { XENC_PARTWISE((nf)((ni)a.part[i] | (ni)b.part[i])); }
+XENC_INLINE nf recip_part(nf d) {  // 1 / d to 12 bits where the CPU has an estimate, else exactly
+#if defined(__AVX__)
+  return _mm256_rcp_ps(d);
+#else
+  return 1.f / d;
+#endif
+}
+XENC_INLINE vf recip_estimate(vf d) { XENC_PARTWISE(recip_part(d.part[i])); }
 XENC_INLINE vf zeros() { return vf{}; }
 XENC_INLINE nf broadcast(float x) {  // spelled out: GCC builds a vector filled lane by lane with inserts
 #if defined(__AVX__)
@@ -1255,51 +1280,56 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// bf16 linear layers on fp32 GEMMs: y = x W^T + bias, then exact (erf) GELU or + residual, rounded once to bf16.
-// The products of bf16 numbers are exact in fp32 and a bf16 GEMM sums them in fp32, so fp32 FMAs on the widened
-// values do a bf16 GEMM's arithmetic (but for the order of the sums); on Intel cores without AMX they run at twice
-// the rate of the bf16 dot product. Done with torch's ops, that takes a pass to widen x, one to widen the residual
-// and one to round y, each over the whole tensor in memory; here x is widened one block of rows at a time into a
-// buffer that stays in cache, and the bias, GELU, residual and rounding are applied to each output tile while it
-// is in L1. The products are ATen's fp32 brgemm ukernel (oneDNN) on blocks of kGemmRows rows of x against blocks
-// of kGemmCols columns of W^T, packed once at load ([N / kGemmCols][K][kGemmCols], zero-padded). Each output
+// Linear layers on fp32 GEMMs: y = x W^T + bias, then exact (erf) GELU or + residual, in one pass over y.
+// - float32 layers (linear_f32): oneDNN's GEMM applies its GELU post-op to the output after the product; here it is
+//   applied to each output tile while it is in L1 (on an AVX2-only AMD EPYC the intermediate GEMM of MiniLM ran at
+//   66-68 GFLOP/s against oneDNN's 62-64 with its post-op, both alone on 4,096 rows).
+// - bf16 layers (linear_bf16), rounded once to bf16: the products of bf16 numbers are exact in fp32 and a bf16 GEMM
+//   sums them in fp32, so fp32 FMAs on the widened values do a bf16 GEMM's arithmetic (but for the order of the
+//   sums); on Intel cores without AMX they run at twice the rate of the bf16 dot product. Done with torch's ops,
+//   that takes a pass to widen x, one to widen the residual and one to round y, each over the whole tensor in
+//   memory; here x is widened one block of rows at a time into a buffer that stays in cache, and the bias, GELU,
+//   residual and rounding are applied to each output tile while it is in L1.
+// The products are ATen's fp32 brgemm ukernel (oneDNN) on blocks of kGemmRows rows of x against blocks of
+// kGemmCols columns of W^T, packed once at load ([N / kGemmCols][K][kGemmCols], zero-padded). Each output
 // element is one sum over K in the ukernel's order, whatever block it falls in: rows are bitwise independent of
 // the other rows and of the thread count.
 
-#if XENC_GEMM
+#if XENC_GEMM_F32
 constexpr int64_t kGemmRows = 96;  // rows of x per block: 96 x 384 fp32 (x widened) stays in L2
 constexpr int64_t kGemmCols = 64;  // columns of W^T per block: a 96 x 64 fp32 output tile, 24 KB, stays in L1
 
 // erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7), the approximation torch's vectorized CPU erf uses;
 // exp(-x^2) by exp2_nonpositive.
 XENC_INLINE vf erf_as(vf x) {
-  const vf sign = _mm512_and_ps(x, splat(-0.f));
-  const vf a = _mm512_andnot_ps(splat(-0.f), x);
+  const vf sign = vand(x, splat(-0.f));
+  const vf a = vandnot(splat(-0.f), x);
   const vf d = fma(splat(0.3275911f), a, splat(1.f));
-  vf t = _mm512_rcp14_ps(d);  // 1 / d to 14 bits, then one Newton step (a division would cost more than the rest)
-  t = fma(_mm512_fnmadd_ps(d, t, splat(1.f)), t, t);
+  vf t = recip_estimate(d);  // then one Newton step (a division would cost more than the rest)
+  t = fma(fnma(d, t, splat(1.f)), t, t);
   vf r = fma(splat(1.061405429f), t, splat(-1.453152027f));
   r = fma(r, t, splat(1.421413741f));
   r = fma(r, t, splat(-0.284496736f));
   r = fma(r, t, splat(0.254829592f));
-  const vf e = exp2_nonpositive(_mm512_mul_ps(_mm512_mul_ps(a, a), splat(-1.4426950408889634f)));
-  return _mm512_or_ps(_mm512_fnmadd_ps(r * t, e, splat(1.f)), sign);
+  const vf e = exp2_nonpositive((a * a) * splat(-1.4426950408889634f));
+  return vor(fnma(r * t, e, splat(1.f)), sign);
 }
 
-// The arguments both bf16 GEMMs take: x (M, K) bf16 with contiguous columns; W^T in blocks (N / cols, K, cols) of
-// `block_dtype`, zero-padded; a float32 bias padded likewise; "none" or "gelu"; an optional (M, N) bf16 residual.
+// The arguments the GEMMs take: x (M, K) of `dtype` with contiguous columns; W^T in blocks (N / cols, K, cols) of
+// `block_dtype`, zero-padded; a float32 bias padded likewise; "none" or "gelu"; an optional (M, N) residual of
+// `dtype`.
 struct LinearArgs {
   int64_t M, K, N, nblk;
   bool gelu;
-  const BFloat16* res;
+  const void* res;
   int64_t res_stride;
 };
 
-LinearArgs check_linear(const char* name, const at::Tensor& x, const at::Tensor& blocks, at::ScalarType block_dtype,
-                        int64_t cols, const at::Tensor& bias, int64_t out_features, c10::string_view activation,
-                        const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16, name,
-              " takes a 2-D bfloat16 CPU tensor, got ", x.scalar_type(), " of shape ", x.sizes());
+LinearArgs check_linear(const char* name, const at::Tensor& x, at::ScalarType dtype, const at::Tensor& blocks,
+                        at::ScalarType block_dtype, int64_t cols, const at::Tensor& bias, int64_t out_features,
+                        c10::string_view activation, const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == dtype, name, " takes a 2-D ", dtype,
+              " CPU tensor, got ", x.scalar_type(), " of shape ", x.sizes());
   LinearArgs a{x.size(0), x.size(1), out_features, blocks.dim() == 3 ? blocks.size(0) : 0, activation == "gelu",
                nullptr, 0};
   TORCH_CHECK(a.K <= 1 || x.stride(1) == 1, name, " needs contiguous columns, got strides ", x.strides());
@@ -1316,69 +1346,82 @@ LinearArgs check_linear(const char* name, const at::Tensor& x, const at::Tensor&
   if (residual.has_value()) {
     const at::Tensor& r = *residual;
     TORCH_CHECK(!a.gelu, name, " adds a residual to the plain product only");
-    TORCH_CHECK(r.dim() == 2 && r.size(0) == a.M && r.size(1) == a.N && r.scalar_type() == at::kBFloat16 &&
+    TORCH_CHECK(r.dim() == 2 && r.size(0) == a.M && r.size(1) == a.N && r.scalar_type() == dtype &&
                     (a.N <= 1 || r.stride(1) == 1),
-                name, "'s residual must be a bfloat16 (", a.M, ", ", a.N, ") tensor with contiguous columns, got ",
+                name, "'s residual must be a ", dtype, " (", a.M, ", ", a.N, ") tensor with contiguous columns, got ",
                 r.scalar_type(), " ", r.sizes());
-    a.res = r.const_data_ptr<BFloat16>();
+    a.res = r.const_data_ptr();
     a.res_stride = r.stride(0);
   }
   return a;
 }
 
-// The last step of both: exact GELU, or + the residual's n lanes at `res` (where there is one).
-XENC_INLINE vf finish(vf v, bool gelu, const BFloat16* res, int64_t n) {
+// The last step of every GEMM here: exact GELU, or + the residual's n lanes at `res` (where there is one).
+template <typename T>
+XENC_INLINE vf finish(vf v, bool gelu, const T* res, int64_t n) {
   if (gelu) {
     return v * splat(0.5f) * (splat(1.f) + erf_as(v * splat(0.70710678118654752f)));
   }
   return res ? v + load_first(res, n) : v;
 }
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
-  const LinearArgs args =
-      check_linear("linear_bf16", x, blocks, at::kFloat, kGemmCols, bias, out_features, activation, residual);
+// y = x W^T + bias, GELU or + residual, y of x's type T (float or BFloat16, the latter widened a block at a time).
+template <typename T>
+at::Tensor linear_on_fp32(const char* name, const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias,
+                          int64_t out_features, c10::string_view activation,
+                          const std::optional<at::Tensor>& residual) {
+  constexpr bool widen = !std::is_same_v<T, float>;
+  const LinearArgs args = check_linear(name, x, c10::CppTypeToScalarType<T>::value, blocks, at::kFloat, kGemmCols,
+                                       bias, out_features, activation, residual);
   const int64_t M = args.M, K = args.K, N = args.N, nblk = args.nblk, res_stride = args.res_stride;
   const bool gelu = args.gelu;
-  const BFloat16* res = args.res;
+  const T* res = static_cast<const T*>(args.res);
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) {
     return y;
   }
-  const BFloat16* X = x.const_data_ptr<BFloat16>();
+  const T* X = x.const_data_ptr<T>();
   const float* W = blocks.const_data_ptr<float>();
   const float* B = bias.const_data_ptr<float>();
-  BFloat16* Y = y.mutable_data_ptr<BFloat16>();
+  T* Y = y.mutable_data_ptr<T>();
   const int64_t x_stride = x.stride(0), mblk = (M + kGemmRows - 1) / kGemmRows, ldk = std::max<int64_t>(K, 1);
   // Blocks in row-major order, so that a thread's consecutive blocks share rows of x (widened once).
   at::parallel_for(0, mblk * nblk, 1, [&](int64_t begin, int64_t end) {
-    Scratch panel(kGemmRows * ldk * static_cast<int64_t>(sizeof(float)));
+    Scratch panel(widen ? kGemmRows * ldk * static_cast<int64_t>(sizeof(float)) : 0);
     Scratch tile(kGemmRows * kGemmCols * static_cast<int64_t>(sizeof(float)));
-    float* A = panel.as<float>();
     float* C = tile.as<float>();
     int64_t widened = -1;
     for (int64_t b = begin; b < end; ++b) {
       const int64_t mi = b / nblk, ni = b % nblk, m0 = mi * kGemmRows, n0 = ni * kGemmCols;
       const int64_t rows = std::min(kGemmRows, M - m0);
-      if (mi != widened) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const BFloat16* src = X + (m0 + r) * x_stride;
-          for (int64_t c = 0; c < K; c += 16) {
-            const int64_t n = std::min<int64_t>(16, K - c);
-            store_first(A + r * ldk + c, load_first(src + c, n), n);
+      const float* A;
+      int64_t lda;
+      if constexpr (widen) {
+        A = panel.as<float>();
+        lda = ldk;
+        if (mi != widened) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const T* src = X + (m0 + r) * x_stride;
+            for (int64_t c = 0; c < K; c += 16) {
+              const int64_t n = std::min<int64_t>(16, K - c);
+              store_first(panel.as<float>() + r * ldk + c, load_first(src + c, n), n);
+            }
           }
+          widened = mi;
         }
-        widened = mi;
+      } else {
+        A = X + m0 * x_stride;
+        lda = std::max<int64_t>(x_stride, 1);
       }
       if (K > 0) {
-        at::native::cpublas::brgemm(rows, kGemmCols, K, ldk, kGemmCols, kGemmCols, false, A, W + ni * K * kGemmCols,
+        at::native::cpublas::brgemm(rows, kGemmCols, K, lda, kGemmCols, kGemmCols, false, A, W + ni * K * kGemmCols,
                                     C, false);
       } else {
         std::fill(C, C + rows * kGemmCols, 0.f);
       }
       const int64_t cols = std::min(kGemmCols, N - n0);
       for (int64_t r = 0; r < rows; ++r) {
-        BFloat16* out = Y + (m0 + r) * N + n0;
+        T* out = Y + (m0 + r) * N + n0;
         for (int64_t c = 0; c < cols; c += 16) {
           const int64_t n = std::min<int64_t>(16, cols - c);
           const vf v = load(C + r * kGemmCols + c) + loadu(B + n0 + c);
@@ -1389,6 +1432,18 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::
     at::native::cpublas::brgemm_release(false);
   });
   return y;
+}
+
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                      c10::string_view activation, const std::optional<at::Tensor>& residual) {
+  return linear_on_fp32<float>("linear_f32", x, blocks, bias, out_features, activation, residual);
+}
+#endif  // XENC_GEMM_F32
+
+#if XENC_GEMM
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
+  return linear_on_fp32<BFloat16>("linear_bf16", x, blocks, bias, out_features, activation, residual);
 }
 #endif  // XENC_GEMM
 
@@ -1485,10 +1540,11 @@ XENC_INLINE float half_row(const BFloat16* src, int64_t K, uint32_t* dst) {
 at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t weight_exponent, const at::Tensor& bias,
                        int64_t out_features, c10::string_view activation, const std::optional<at::Tensor>& residual) {
   const LinearArgs args =
-      check_linear("linear_half", x, blocks, at::kHalf, kHalfCols, bias, out_features, activation, residual);
+      check_linear("linear_half", x, at::kBFloat16, blocks, at::kHalf, kHalfCols, bias, out_features, activation,
+                   residual);
   const int64_t M = args.M, K = args.K, N = args.N, nblk = args.nblk, res_stride = args.res_stride;
   const bool gelu = args.gelu;
-  const BFloat16* res = args.res;
+  const BFloat16* res = static_cast<const BFloat16*>(args.res);
   TORCH_CHECK(std::abs(weight_exponent) <= 126, "linear_half's weight exponent must lie in [-126, 126], got ",
               weight_exponent);
   at::Tensor y = at::empty({M, N}, x.options());
@@ -1543,6 +1599,7 @@ at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t we
 #endif  // XENC_HALF_GEMM
 
 bool gemm_built() { return XENC_GEMM; }
+bool gemm_f32_built() { return XENC_GEMM_F32; }
 bool half_gemm_built() { return XENC_HALF_GEMM; }
 bool paired_bf16_built() { return kPairedKeys<BFloat16>; }
 
@@ -1573,6 +1630,7 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("tiles_built() -> bool", &xenc_lab::tiles_built);
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
   m.def("gemm_built() -> bool", &xenc_lab::gemm_built);
+  m.def("gemm_f32_built() -> bool", &xenc_lab::gemm_f32_built);
   m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
   m.def(
@@ -1581,12 +1639,18 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def(
       "linear_bf16(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
       "Tensor");
+  m.def(
+      "linear_f32(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
+      "Tensor");
 }
 
 TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
   m.impl("packed_attention", &xenc_lab::packed_attention);
   m.impl("packed_attention_tiles", &xenc_lab::packed_attention_tiles);
   m.impl("layer_norm", &xenc_lab::layer_norm);
+#if XENC_GEMM_F32
+  m.impl("linear_f32", &xenc_lab::linear_f32);
+#endif
 #if XENC_GEMM
   m.impl("linear_bf16", &xenc_lab::linear_bf16);
 #endif
