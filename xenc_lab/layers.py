@@ -228,7 +228,7 @@ def f32_gelu_gemm() -> str:
       of 96 rows by 64 columns, the bias and GELU (torch's erf approximation) applied to each output tile while it
       is in L1, on a float32 copy of the weight in its own blocked layout, made at the layer's first GELU call. On an
       AVX2-only AMD EPYC (Zen 1) MiniLM's intermediate GEMM ran at 61-62 GFLOP/s this way inside the model, against
-      58 for oneDNN's with its post-op, and the model scored 1.01-1.02x the pairs/s (same process, alternating);
+      58 for oneDNN's with its post-op, and the model scored 1.016-1.028x the pairs/s (same process, alternating);
       the output equals the product followed by GELU within float32 rounding, as oneDNN's does.
 
     The default is ``"fused"`` on x86 CPUs without AVX-512, where it was measured, if it runs here, and ``"onednn"``
