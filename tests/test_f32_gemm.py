@@ -227,3 +227,18 @@ def test_compiled_it_computes_what_it_computes_eagerly(monkeypatch):
     x = torch.randn(37, 64)
     compiled = torch.compile(lambda t: linear(t, activation="gelu") * 2, dynamic=True, fullgraph=True)
     assert torch.equal(compiled(x), linear(x, activation="gelu") * 2)
+
+
+@needs_gemm
+@needs_prepacked
+def test_bf16_layers_never_take_it_even_on_their_fp32_route(monkeypatch):
+    """A bf16 layer whose products run as fp32 GEMMs through torch's ops holds a float32 copy of its weight, but its
+    inputs stay bf16: the fp32 GEMM is for float32 layers only."""
+    monkeypatch.setenv("XENC_LAB_F32_GELU_GEMM", "fused")
+    torch.manual_seed(2)
+    linear = PrepackedLinear(torch.nn.Linear(64, 96).to(torch.bfloat16).requires_grad_(False), gemm="fp32", fused=False)
+    assert linear.gelu_gemm is None
+    x = torch.randn(10, 64, dtype=torch.bfloat16)
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float()))
+    got = linear(x, activation="gelu")
+    assert got.dtype == torch.bfloat16 and ((got.float() - want).abs() <= want.abs() * 2**-7 + 1e-6).all()

@@ -295,7 +295,7 @@ class PrepackedLinear(nn.Module):
             if gemm == "fp32":
                 weight, self._bias = weight.float(), None if self._bias is None else self._bias.float()
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.gelu_gemm = f32_gelu_gemm() if weight.dtype == torch.float32 else None
+        self.gelu_gemm = f32_gelu_gemm() if linear.weight.dtype == torch.float32 else None
         self._gelu_blocks: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rows: dict[tuple[int, int], PrepackedLinear] = {}
         self.key = next(self._keys)  # how the compiled op finds this layer
@@ -319,21 +319,21 @@ class PrepackedLinear(nn.Module):
             self._rows[start, stop] = PrepackedLinear(part, self.gemm, self.fused)
         return self._rows[start, stop]
 
+    def _rows_of(self, x: torch.Tensor) -> torch.Tensor:
+        """x as (M, in_features) rows with contiguous columns, as xenc_lab's GEMMs take them."""
+        rows = x.reshape(-1, self.in_features)
+        return rows if rows.stride(-1) == 1 else rows.contiguous()
+
     def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
         if residual is not None and activation != "none":
             raise ValueError(f"a residual is added to the plain product only, not after {activation!r}")
         if activation == "gelu" and self.gelu_gemm == "fused":  # xenc_lab's fp32 GEMM, GELU in cache
             if self._gelu_blocks is None:  # only the layers that GELU follows need this copy
                 self._gelu_blocks = gemm_blocks(self.weight, self._bias)
-            rows = x.reshape(-1, self.in_features)
-            if rows.stride(-1) != 1:
-                rows = rows.contiguous()
-            y = linear_f32_cpu(rows, *self._gelu_blocks, self.out_features, "gelu")
+            y = linear_f32_cpu(self._rows_of(x), *self._gelu_blocks, self.out_features, "gelu")
             return y.view(*x.shape[:-1], self.out_features)
         if self.fused:  # xenc_lab's GEMMs
-            rows = x.reshape(-1, self.in_features)
-            if rows.stride(-1) != 1:
-                rows = rows.contiguous()
+            rows = self._rows_of(x)
             if residual is not None:
                 residual = residual.reshape(-1, self.out_features)
                 if residual.stride(-1) != 1:
