@@ -89,7 +89,7 @@ def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale
     return q.new_empty(q.shape)
 
 
-def _linear_bf16_fake(x, blocks, bias, out_features, activation, residual):
+def _linear_fake(x, blocks, bias, out_features, activation, residual):
     return x.new_empty((x.shape[0], out_features))
 
 
@@ -160,8 +160,8 @@ def _build() -> bool:
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
-        torch.library.register_fake("xenc_lab::linear_bf16", _linear_bf16_fake)
-        torch.library.register_fake("xenc_lab::linear_f32", _linear_bf16_fake)
+        torch.library.register_fake("xenc_lab::linear_bf16", _linear_fake)
+        torch.library.register_fake("xenc_lab::linear_f32", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
