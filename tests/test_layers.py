@@ -16,6 +16,9 @@ from xenc_lab.cpuinfo import CpuInfo
 from xenc_lab.layers import (
     PrepackedLinear,
     first_token_attention,
+    first_token_kv,
+    first_token_self_attention,
+    folded_first_token_attention,
     linear_plus,
     packed_attention,
     prepack_linears,
@@ -189,6 +192,77 @@ def test_split_first_projects_queries_at_first_tokens_and_keys_values_everywhere
     full = proj(x)
     torch.testing.assert_close(q, full[batch.first_index, :6])
     torch.testing.assert_close(kv, full[:, 6:])
+
+
+def _first_token_reference(x, proj, batch, num_heads):
+    """float64 attention of each pair's first token over its projected keys and values, pair by pair (SDPA)."""
+    d = x.shape[1]
+    q, k, v = proj(x).split(d, dim=-1)
+    out = []
+    for s, e in itertools.pairwise(batch.cu_seqlens.tolist()):
+        if e > s:
+            heads = [t.view(-1, num_heads, d // num_heads).transpose(0, 1) for t in (q[s : s + 1], k[s:e], v[s:e])]
+            out.append(F.scaled_dot_product_attention(*heads).transpose(0, 1).reshape(d))
+    return torch.stack(out)
+
+
+@FAST
+@given(encodings(max_pairs=8, max_len=30), st.sampled_from([1, 2, 4]), st.sampled_from([2, 8]), st.booleans(),
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_folded_first_token_attention_equals_attention_over_projected_keys_and_values(
+    case, num_heads, head_dim, bias, fixed_shape, seed
+):
+    """The keys and values folded into the query: in float64 the same numbers as projecting every token, to
+    rounding; pairs of every length, filler sequences (empty ones in a fixed compiled shape) and any head count."""
+    enc, pairs, page_size = case
+    shape = None
+    if fixed_shape:
+        plain = pack(enc, pairs, page_size)
+        shape = (plain.input_ids.shape[0] + 2 * page_size, len(pairs) + 3, plain.max_seqlen + 8)
+    batch = pack(enc, pairs, page_size, shape=shape)
+    d = num_heads * head_dim
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch.input_ids.shape[0], d, generator=gen, dtype=torch.float64)
+    proj = torch.nn.Linear(d, 3 * d, bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(3 * d, d, generator=gen, dtype=torch.float64) * 0.7)
+        if bias:
+            proj.bias.copy_(torch.randn(3 * d, generator=gen, dtype=torch.float64) * 3)
+        q = proj(x[batch.first_index])[:, :d]
+        out = folded_first_token_attention(x, q, batch.cu_seqlens, proj.weight[d:], proj.bias[d:] if bias else None, num_heads)
+        ref = _first_token_reference(x, proj, batch, num_heads)
+    P = len(pairs)
+    assert out.shape == (batch.seq_lens.shape[0], d)
+    torch.testing.assert_close(out[:P], ref, atol=1e-10, rtol=1e-10)
+
+
+def test_the_last_layer_folds_its_keys_and_values_on_the_cpu_in_float32(monkeypatch):
+    """float32 on the CPU folds (the projected path's ops never run); the projected path, forced, agrees within
+    float32 rounding; anything but the two choices is refused."""
+    import xenc_lab.layers as layers
+
+    enc = Encodings(np.arange(1, 40, dtype=np.int64), None, np.array([0, 5, 17, 39]))
+    batch = pack(enc, np.array([2, 0, 1]), page_size=8)
+    d, num_heads = 16, 4
+    proj = torch.nn.Linear(d, 3 * d)
+    x = torch.randn(batch.input_ids.shape[0], d)
+    taken = []
+    for name in ("first_token_attention", "folded_first_token_attention"):
+        monkeypatch.setattr(layers, name, lambda *a, f=getattr(layers, name), n=name, **k: taken.append(n) or f(*a, **k))
+    assert first_token_kv() == "folded"
+    with torch.no_grad():
+        folded = first_token_self_attention(proj, x, batch, num_heads)
+        assert taken == ["folded_first_token_attention"]
+        monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "projected")
+        projected = first_token_self_attention(proj, x, batch, num_heads)
+        assert taken[1:] == ["first_token_attention"]
+        torch.testing.assert_close(folded[:3], projected[:3], atol=1e-5, rtol=1e-5)
+        monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "folded")
+        first_token_self_attention(proj.bfloat16(), x.bfloat16(), batch, num_heads)  # other dtypes project
+        assert taken[2:] == ["first_token_attention"]
+    monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "fold")
+    with pytest.raises(ValueError, match="XENC_LAB_FIRST_TOKEN_KV must be one of folded, projected, got 'fold'"):
+        first_token_kv()
 
 
 needs_onednn_bf16 = pytest.mark.skipif(

@@ -2,7 +2,8 @@
 
 Attention runs within each pair, over all of the pair's tokens (``packed_attention``) or for the pair's
 first token alone (``first_token_attention``): a classifier reads only the first token, so the last
-layer needs no other query, and skipping them is exact.
+layer needs no other query, and skipping them is exact. Its keys and values can be folded into that query
+(``folded_first_token_attention``), and then the last layer projects none.
 """
 from __future__ import annotations
 
@@ -174,6 +175,74 @@ def first_token_attention(
     mask = batch.key_mask if window is None else window_mask(batch, window, first_only=True)
     out = F.scaled_dot_product_attention(q.view(B, num_heads, 1, dh), k, v, attn_mask=mask, scale=scale)
     return out.reshape(B, d)
+
+
+FIRST_TOKEN_KV = ("folded", "projected")
+
+
+def first_token_kv() -> str:
+    """How the last layer's attention, read at first tokens only, gets its keys and values on the CPU in float32:
+
+    - ``"projected"``: k and v of every token by the layer's projection (2 d^2 multiply-adds per token), then
+      attention of the first token over them (``split_first``, ``first_token_attention``).
+    - ``"folded"``: the projections folded into the one query instead (``folded_first_token_attention``):
+      2 H d multiply-adds per token (H heads), the projections' work once per pair. On MiniLM-L6 that is 3% of
+      the model's multiply-adds.
+
+    The default is ``"folded"``; ``XENC_LAB_FIRST_TOKEN_KV`` forces either (benchmarks compare them). Other
+    devices and dtypes take ``"projected"``."""
+    return env_choice("XENC_LAB_FIRST_TOKEN_KV", FIRST_TOKEN_KV) or "folded"
+
+
+def first_token_self_attention(qkv: nn.Module, x: torch.Tensor, batch: PackedBatch, num_heads: int) -> torch.Tensor:
+    """Self-attention of each pair's first token over the pair, (T, d) -> (B, d), for a layer whose fused
+    (q, k, v) projection is ``qkv`` and whose output is read at first tokens only."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and first_token_kv() == "folded":
+        d = qkv.out_features // 3
+        q = _linear_rows(qkv, 0, d, x[batch.first_index])
+        return folded_first_token_attention(x, q, batch.cu_seqlens, qkv.weight[d:], qkv.bias[d:] if qkv.bias is not None else None, num_heads)
+    return first_token_attention(*split_first(qkv, x, batch), batch, num_heads)
+
+
+@torch.library.custom_op("xenc_lab::folded_first_token_attention", mutates_args=())
+def folded_first_token_attention(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    kv_weight: torch.Tensor,
+    kv_bias: torch.Tensor | None,
+    num_heads: int,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(dh)) v per pair and head for the first token's query q (B, d), with k and v the
+    projections ``kv_weight`` (2 d, d) and ``kv_bias`` (2 d,) of the pair's rows of x (T, d), never computed:
+
+        q . (W_k x_j + b_k) = (W_k^T q) . x_j + q . b_k   (the last term is the same for every key: softmax drops it)
+        sum_j p_j (W_v x_j + b_v) = W_v (sum_j p_j x_j) + b_v   (the p_j sum to 1)
+
+    per head, so each pair costs two (n, d) x (d, H) products instead of projecting its n rows (exact in real
+    arithmetic; in floating point it rounds otherwise, within float32 rounding). Pair b is rows
+    cu_seqlens[b]:[b + 1] of x; rows of q past the pairs (filler) come back as b_v. Returns (B, d)."""
+    B, d = q.shape
+    dh = d // num_heads
+    w_k, w_v = kv_weight.view(2, num_heads, dh, d).unbind(0)  # (H, dh, d) each
+    # W_k^T q per head, with the softmax scale: (H, B, d).
+    folded = torch.bmm(q.view(B, num_heads, dh).transpose(0, 1), w_k).mul_(dh**-0.5)
+    pooled = q.new_zeros(num_heads, B, d)  # sum_j p_j x_j per pair and head
+    bounds = cu_seqlens.tolist()
+    for b in range(len(bounds) - 1):
+        start, stop = bounds[b], bounds[b + 1]
+        if stop > start:
+            rows = x[start:stop]
+            weights = torch.softmax(torch.mm(rows, folded[:, b].t()), dim=0)  # (n, H)
+            torch.mm(weights.t(), rows, out=pooled[:, b])
+    bias = None if kv_bias is None else kv_bias[d:].view(num_heads, 1, dh)
+    out = torch.bmm(pooled, w_v.transpose(1, 2)) if bias is None else torch.baddbmm(bias, pooled, w_v.transpose(1, 2))
+    return out.transpose(0, 1).reshape(B, d)  # (H, B, dh) -> (B, d)
+
+
+@folded_first_token_attention.register_fake
+def _(x, q, cu_seqlens, kv_weight, kv_bias, num_heads):
+    return q.new_empty(q.shape)
 
 
 def fuse_linears(*parts: nn.Linear) -> nn.Linear:

@@ -11,7 +11,7 @@ from torch import nn
 from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
-from ..layers import PrepackedLinear, first_token_attention, fuse_linears, linear_plus, packed_attention, split_first
+from ..layers import PrepackedLinear, first_token_self_attention, fuse_linears, linear_plus, packed_attention
 
 
 class Embeddings(nn.Module):
@@ -50,7 +50,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         if first_only:
-            return first_token_attention(*split_first(self.qkv, x, batch), batch, self.num_heads)
+            return first_token_self_attention(self.qkv, x, batch, self.num_heads)
         return packed_attention(self.qkv(x), batch, self.num_heads)
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from transformers.activations import get_activation
 
 from ..batch import PackedBatch
-from ..layers import first_token_attention, fuse_linears, linear_plus, packed_attention, split_first
+from ..layers import first_token_self_attention, fuse_linears, linear_plus, packed_attention
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
 
@@ -40,7 +40,7 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """residual + attention (at first tokens only with ``first_only``, where ``residual`` holds their rows)."""
         if first_only:
-            attended = first_token_attention(*split_first(self.qkv, x, batch), batch, self.n_heads)
+            attended = first_token_self_attention(self.qkv, x, batch, self.n_heads)
         else:
             attended = packed_attention(self.qkv(x), batch, self.n_heads)
         return linear_plus(self.out_lin, attended, residual)
