@@ -265,6 +265,17 @@ def test_the_last_layer_folds_its_keys_and_values_on_the_cpu_in_float32(monkeypa
         first_token_kv()
 
 
+def test_the_folded_attention_op_passes_opcheck():
+    """The opaque op that torch.compile keeps: schema, fake tensor and dynamic shapes agree with the real op."""
+    enc = Encodings(np.arange(1, 40, dtype=np.int64), None, np.array([0, 5, 17, 39]))
+    batch = pack(enc, np.array([2, 0, 1]), page_size=8)
+    d, num_heads = 16, 4
+    x, q = torch.randn(batch.input_ids.shape[0], d), torch.randn(batch.seq_lens.shape[0], d)
+    kv_weight, kv_bias = torch.randn(2 * d, d), torch.randn(2 * d)
+    for bias in (kv_bias, None):
+        torch.library.opcheck(folded_first_token_attention, (x, q, batch.cu_seqlens, kv_weight, bias, num_heads))
+
+
 needs_onednn_bf16 = pytest.mark.skipif(
     not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")), reason="needs oneDNN bfloat16 on this CPU"
 )
