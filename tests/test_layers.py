@@ -265,6 +265,39 @@ def test_the_last_layer_folds_its_keys_and_values_on_the_cpu_in_float32(monkeypa
         first_token_kv()
 
 
+@pytest.mark.skipif(not kernels.load(), reason="the native kernels could not be built here")
+def test_folded_pooling_in_the_kernel_equals_the_loop_and_each_pair_stands_alone(monkeypatch):
+    """The kernel's per-pair pooling (pairs shared among threads) equals the Python loop it replaces where the
+    kernel is missing, and a pair's result is bitwise the same alone, among other pairs and on any thread count."""
+    import xenc_lab.layers as layers
+
+    lengths = [7, 1, 30, 12, 3]
+    enc = Encodings(np.arange(1, sum(lengths) + 1, dtype=np.int64), None, np.cumsum([0, *lengths]))
+    batch = pack(enc, np.arange(len(lengths)), page_size=8)
+    d, num_heads = 32, 4
+    gen = torch.Generator().manual_seed(5)
+    x, q = torch.randn(batch.input_ids.shape[0], d, generator=gen), torch.randn(batch.seq_lens.shape[0], d, generator=gen)
+    kv_weight, kv_bias = torch.randn(2 * d, d, generator=gen), torch.randn(2 * d, generator=gen)
+    args = (x, q, batch.cu_seqlens, kv_weight, kv_bias, num_heads)
+    kernel = folded_first_token_attention(*args)
+    with torch.inference_mode():  # as the runner calls it: the worker threads write inference tensors too
+        assert torch.equal(folded_first_token_attention(*args), kernel)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(folded_first_token_attention(*args), kernel)
+    finally:
+        torch.set_num_threads(threads)
+    for b in range(len(lengths)):  # pair b alone: its rows, its query among filler rows (a batch has 16 or more)
+        s, e = batch.cu_seqlens[b : b + 2].tolist()
+        q_alone = torch.zeros_like(q)
+        q_alone[0] = q[b]
+        alone = folded_first_token_attention(x[s:e], q_alone, torch.tensor([0, e - s], dtype=torch.int32), kv_weight, kv_bias, num_heads)
+        assert torch.equal(alone[0], kernel[b])
+    monkeypatch.setattr(layers, "folded_pool_cpu", lambda *a: None)
+    torch.testing.assert_close(folded_first_token_attention(*args)[: len(lengths)], kernel[: len(lengths)], atol=1e-6, rtol=1e-6)
+
+
 def test_the_folded_attention_op_passes_opcheck():
     """The opaque op that torch.compile keeps: schema, fake tensor and dynamic shapes agree with the real op."""
     enc = Encodings(np.arange(1, 40, dtype=np.int64), None, np.array([0, 5, 17, 39]))

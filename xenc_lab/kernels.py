@@ -272,6 +272,15 @@ def packed_attention_cpu(
     return op(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, float(scale), -1 if window is None else int(window))
 
 
+def folded_pool_cpu(x: torch.Tensor, folded: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor | None:
+    """Per pair b (rows cu_seqlens[b]:[b + 1] of x, (T, d)) and head h, sum_j softmax_j(x_j . folded[h, b]) x_j as
+    (B, H, d), zeros for empty pairs and pairs past cu_seqlens (``layers.folded_first_token_attention``); None
+    without the kernel. The pairs are shared among the threads, each pair's ops single-threaded."""
+    if not _available():
+        return None
+    return torch.ops.xenc_lab.folded_pool(x, folded, cu_seqlens)
+
+
 def layer_norm_cpu(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor | None:

@@ -21,6 +21,7 @@ from .config import env_choice
 from .cpuinfo import cpu_info
 from .kernels import (
     f32_gemm_available,
+    folded_pool_cpu,
     gemm_available,
     gemm_blocks,
     half_blocks,
@@ -227,14 +228,16 @@ def folded_first_token_attention(
     w_k, w_v = kv_weight.view(2, num_heads, dh, d).unbind(0)  # (H, dh, d) each
     # W_k^T q per head, with the softmax scale: (H, B, d).
     folded = torch.bmm(q.view(B, num_heads, dh).transpose(0, 1), w_k).mul_(dh**-0.5)
-    pooled = q.new_zeros(num_heads, B, d)  # sum_j p_j x_j per pair and head
-    bounds = cu_seqlens.tolist()
-    for b in range(len(bounds) - 1):
-        start, stop = bounds[b], bounds[b + 1]
-        if stop > start:
-            rows = x[start:stop]
-            weights = torch.softmax(torch.mm(rows, folded[:, b].t()), dim=0)  # (n, H)
-            torch.mm(weights.t(), rows, out=pooled[:, b])
+    pooled = folded_pool_cpu(x, folded, cu_seqlens) if x.device.type == "cpu" else None  # sum_j p_j x_j: (B, H, d)
+    if pooled is None:  # the same, pair by pair here
+        pooled = q.new_zeros(B, num_heads, d)
+        bounds = cu_seqlens.tolist()
+        for b in range(len(bounds) - 1):
+            if bounds[b + 1] > bounds[b]:
+                rows = x[bounds[b] : bounds[b + 1]]
+                weights = torch.softmax(torch.mm(rows, folded[:, b].t()), dim=0)  # (n, H)
+                torch.mm(weights.t(), rows, out=pooled[b])
+    pooled = pooled.transpose(0, 1)  # (H, B, d)
     bias = None if kv_bias is None else kv_bias[d:].view(num_heads, 1, dh)
     out = torch.bmm(pooled, w_v.transpose(1, 2)) if bias is None else torch.baddbmm(bias, pooled, w_v.transpose(1, 2))
     return out.transpose(0, 1).reshape(B, d)  # (H, B, dh) -> (B, d)
