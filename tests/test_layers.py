@@ -239,7 +239,7 @@ def test_folded_first_token_attention_equals_attention_over_projected_keys_and_v
 def test_the_last_layer_folds_its_keys_and_values_on_the_cpu_in_float32(monkeypatch):
     """float32 on the CPU folds (the projected path's ops never run); the projected path, forced, agrees within
     float32 rounding; anything but the two choices is refused."""
-    import xenc_lab.layers as layers
+    from xenc_lab import layers
 
     enc = Encodings(np.arange(1, 40, dtype=np.int64), None, np.array([0, 5, 17, 39]))
     batch = pack(enc, np.array([2, 0, 1]), page_size=8)
@@ -247,8 +247,13 @@ def test_the_last_layer_folds_its_keys_and_values_on_the_cpu_in_float32(monkeypa
     proj = torch.nn.Linear(d, 3 * d)
     x = torch.randn(batch.input_ids.shape[0], d)
     taken = []
+
+    def recorded(name):
+        op = getattr(layers, name)
+        return lambda *args, **kwargs: taken.append(name) or op(*args, **kwargs)
+
     for name in ("first_token_attention", "folded_first_token_attention"):
-        monkeypatch.setattr(layers, name, lambda *a, f=getattr(layers, name), n=name, **k: taken.append(n) or f(*a, **k))
+        monkeypatch.setattr(layers, name, recorded(name))
     assert first_token_kv() == "folded"
     with torch.no_grad():
         folded = first_token_self_attention(proj, x, batch, num_heads)
@@ -269,7 +274,7 @@ def test_the_last_layer_folds_its_keys_and_values_on_the_cpu_in_float32(monkeypa
 def test_folded_pooling_in_the_kernel_equals_the_loop_and_each_pair_stands_alone(monkeypatch):
     """The kernel's per-pair pooling (pairs shared among threads) equals the Python loop it replaces where the
     kernel is missing, and a pair's result is bitwise the same alone, among other pairs and on any thread count."""
-    import xenc_lab.layers as layers
+    from xenc_lab import layers
 
     lengths = [7, 1, 30, 12, 3]
     enc = Encodings(np.arange(1, sum(lengths) + 1, dtype=np.int64), None, np.cumsum([0, *lengths]))
