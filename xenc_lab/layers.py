@@ -201,7 +201,8 @@ def first_token_self_attention(qkv: nn.Module, x: torch.Tensor, batch: PackedBat
     if x.device.type == "cpu" and x.dtype == torch.float32 and first_token_kv() == "folded":
         d = qkv.out_features // 3
         q = _linear_rows(qkv, 0, d, x[batch.first_index])
-        return folded_first_token_attention(x, q, batch.cu_seqlens, qkv.weight[d:], qkv.bias[d:] if qkv.bias is not None else None, num_heads)
+        kv_bias = None if qkv.bias is None else qkv.bias[d:]
+        return folded_first_token_attention(x, q, batch.cu_seqlens, qkv.weight[d:], kv_bias, num_heads)
     return first_token_attention(*split_first(qkv, x, batch), batch, num_heads)
 
 
