@@ -16,6 +16,7 @@ activations, and the tiny random models' logits reach tens; for the real MiniLM 
 """
 from __future__ import annotations
 
+import collections
 import functools
 
 import numpy as np
@@ -25,7 +26,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from . import strategies as S
-from .conftest import ARCHS, exact_oracle, model_dir, oracle, scorer
+from .conftest import ARCHS, DEVICE, exact_oracle, model_dir, oracle, scorer
 
 IDENTITY = torch.nn.Identity()
 
@@ -210,3 +211,42 @@ def test_zoo_models_load_every_weight():
         params = {n for n, _ in model.named_parameters()}
         tensors = {k for k in read_checkpoint(path) if not k.endswith("position_ids")}
         assert params == tensors, (arch, sorted(params ^ tensors)[:10])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_per_pair_linears_are_the_ones_fed_one_row_per_pair(arch):
+    """The linears a model lists as per-pair, which float32 leaves torch's (MKL's, as the oracle's) rather than
+    prepacked for oneDNN, are exactly those its forward feeds one row per pair (per pair slot of the batch)."""
+    from xenc_lab.layers import PrepackedLinear
+
+    if DEVICE != "cpu":
+        pytest.skip("prepacking is for the CPU")
+    model = scorer(arch).model
+    listed = {id(m) for m in model.per_pair_linears()}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, PrepackedLinear))}
+    assert listed and listed <= {id(m) for m in linears.values()}, arch
+    batches: list[dict] = []  # per batch: its token and pair-slot counts, and each linear's input rows
+
+    def record(name):
+        return lambda module, args: batches[-1][name].add(args[0].reshape(-1, module.in_features).shape[0])
+
+    def new_batch(module, args):
+        batches.append(collections.defaultdict(set, T=args[0].input_ids.shape[0], B=args[0].seq_lens.shape[0]))
+
+    hooks = [m.register_forward_pre_hook(record(name)) for name, m in linears.items()]
+    hooks.append(model.register_forward_pre_hook(new_batch))
+    pairs = [(q, d) for q in S.ODD[:2] for d in ("a short passage", " ".join(S.WORDS[:40]))]
+    try:
+        scorer(arch).predict(pairs, activation_fn=IDENTITY)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert any(b["T"] != b["B"] for b in batches), batches
+    for name, m in linears.items():
+        fed = [(b[name], b["B"]) for b in batches if b["T"] != b["B"]]
+        if id(m) in listed:  # one row per pair slot, in every batch
+            assert all(rows == {B} for rows, B in fed), (arch, name, fed)
+        else:  # token rows (or, in DeBERTa, relative position embeddings), or rows taken apart and never fed whole
+            assert all(rows != {B} for rows, B in fed), (arch, name, fed)
+        # In float32 the per-pair ones stay torch's, the others are prepacked.
+        assert isinstance(m, PrepackedLinear) == (id(m) not in listed), (arch, name, type(m).__name__)

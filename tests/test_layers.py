@@ -347,6 +347,30 @@ def test_prepack_linears_replaces_every_linear_and_keeps_its_products(dtype, mon
     assert prepack_linears(model) == 0  # nothing left to prepack
 
 
+def test_prepack_linears_keeps_the_linears_it_is_told_to():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    kept = model[1]
+    assert prepack_linears(model, keep=[kept]) == 1
+    assert isinstance(model[0], PrepackedLinear) and model[1] is kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_first_takes_the_query_rows_from_torch_in_float32(dtype, monkeypatch):
+    """One row per pair: in float32 torch's F.linear (the oracle's rounding) even from a prepacked projection; in
+    bfloat16 the prepacked GEMM."""
+    proj = onednn_linear(dtype, 8, 3 * 8)
+    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "native")
+    packed = PrepackedLinear(proj)
+    enc, pairs = Encodings(np.arange(1, 10, dtype=np.int64), None, np.array([0, 4, 9])), np.array([1, 0])
+    batch = pack(enc, pairs, page_size=4)
+    x = torch.randn(batch.input_ids.shape[0], 8).to(dtype)
+    q, kv = split_first(packed, x, batch)
+    first = x[batch.first_index]
+    torch_q = torch.nn.functional.linear(first, proj.weight[:8], proj.bias[:8])
+    assert torch.equal(q, torch_q if dtype == torch.float32 else packed.rows(0, 8)(first))
+    assert torch.equal(kv, packed.rows(8, 24)(x))
+
+
 def test_prepack_linears_leaves_float16_to_torch():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.float16))
     assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear

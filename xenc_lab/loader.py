@@ -130,7 +130,8 @@ def load_model(
     path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype, prepack: bool = True
 ) -> nn.Module:
     """The packed model with the checkpoint's weights, ready to run; ``prepack``: CPU linears get oneDNN's
-    weight layout (eager runs; torch.compile's inductor cannot lower those ops in float32)."""
+    weight layout (eager runs; torch.compile's inductor cannot lower those ops in float32), but in float32 those
+    that see one row per pair (``prepack_linears``)."""
     model = build_model(config)
     load_weights(model, read_checkpoint(path))
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -139,6 +140,6 @@ def load_model(
         if hasattr(module, "after_load"):
             module.after_load()
     if prepack:
-        prepack_linears(model)
+        prepack_linears(model, keep=model.per_pair_linears() if dtype == torch.float32 else ())
         row_layer_norms(model)
     return model

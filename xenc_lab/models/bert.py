@@ -99,6 +99,10 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(config)
         self.output = DenseNorm(config.intermediate_size, config.hidden_size, config.layer_norm_eps)
 
+    def per_pair_linears(self) -> list[nn.Module]:
+        """The linears that see one row per pair under ``first_only``: all but the attention's projection."""
+        return [self.attention.output.dense, self.intermediate.dense, self.output.dense]
+
     def forward(self, x: torch.Tensor, batch: PackedBatch, *extra, first_only: bool = False) -> torch.Tensor:
         attended = self.attention.self(x, batch, *extra, first_only=first_only)
         x = self.attention.output(attended, x[batch.first_index] if first_only else x)
@@ -131,6 +135,11 @@ class BertModel(nn.Module):
         if pooler:
             self.pooler = Pooler(config)
 
+    def per_pair_linears(self) -> list[nn.Module]:
+        """The linears that see one row per pair under ``first_only``: the last layer's, and the pooler's."""
+        pooler = [self.pooler.dense] if hasattr(self, "pooler") else []
+        return self.encoder.layer[-1].per_pair_linears() + pooler
+
     def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch)
         if hasattr(self, "embeddings_project"):
@@ -162,6 +171,9 @@ class BertForSequenceClassification(nn.Module):
         self.bert = BertModel(config, pooler=True)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
+    def per_pair_linears(self) -> list[nn.Module]:
+        return self.bert.per_pair_linears() + [self.classifier]
+
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         first = self.bert(batch, first_only=True)
         return self.classifier(torch.tanh(self.bert.pooler.dense(first)))
@@ -177,6 +189,9 @@ class RobertaForSequenceClassification(nn.Module):
         self.roberta = BertModel(config, roberta_positions=True)
         self.classifier = ClassificationHead(config, torch.tanh)
 
+    def per_pair_linears(self) -> list[nn.Module]:
+        return self.roberta.per_pair_linears() + [self.classifier.dense, self.classifier.out_proj]
+
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         return self.classifier(self.roberta(batch, first_only=True))
 
@@ -188,6 +203,9 @@ class ElectraForSequenceClassification(nn.Module):
         super().__init__()
         self.electra = BertModel(config)
         self.classifier = ClassificationHead(config, ACT2FN["gelu"])
+
+    def per_pair_linears(self) -> list[nn.Module]:
+        return self.electra.per_pair_linears() + [self.classifier.dense, self.classifier.out_proj]
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         return self.classifier(self.electra(batch, first_only=True))

@@ -178,6 +178,12 @@ class Encoder(nn.Module):
         rel = dist.long()[slots[:, None] - slots[None, :] + L - 1]  # (L, L) bucket of i - j
         return (rel + self.span).clamp(0, 2 * self.span - 1)
 
+    @property
+    def prunes_last_layer(self) -> bool:
+        """Whether ``first_only`` runs the last layer at first tokens only: unless the convolution, beside the first
+        layer, still needs its output."""
+        return not (len(self.layer) == 1 and hasattr(self, "conv"))
+
     def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d), or with ``first_only`` (B, d) at each pair's first token."""
         rel = (None, None)
@@ -187,8 +193,7 @@ class Encoder(nn.Module):
                 emb = self.LayerNorm(emb)
             rel = (emb, self.relative_index(batch.max_seqlen, x.device))
         embeddings, last = x, len(self.layer) - 1
-        # The last layer reads queries at first tokens only, unless the convolution still needs its output.
-        prune = first_only and not (last == 0 and hasattr(self, "conv"))
+        prune = first_only and self.prunes_last_layer
         for i, layer in enumerate(self.layer):
             x = layer(x, batch, *rel, first_only=prune and i == last)
             if i == 0 and hasattr(self, "conv"):
@@ -228,6 +233,11 @@ class DebertaV2ForSequenceClassification(nn.Module):
         self.deberta = DebertaV2Model(config)
         self.pooler = ContextPooler(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def per_pair_linears(self) -> list[nn.Module]:
+        encoder = self.deberta.encoder
+        last = encoder.layer[-1].per_pair_linears() if encoder.prunes_last_layer else []
+        return last + [self.pooler.dense, self.classifier]
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         return self.classifier(self.pooler(self.deberta(batch, first_only=True)))

@@ -66,6 +66,10 @@ class TransformerBlock(nn.Module):
         self.ffn = FFN(config)
         self.output_layer_norm = nn.LayerNorm(config.dim, eps=EPS)
 
+    def per_pair_linears(self) -> list[nn.Module]:
+        """The linears that see one row per pair under ``first_only``: all but the attention's projection."""
+        return [self.attention.out_lin, self.ffn.lin1, self.ffn.lin2]
+
     def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d), or (B, d) at each pair's first token with ``first_only``."""
         x = self.sa_layer_norm(self.attention(x, batch, x[batch.first_index] if first_only else x, first_only))
@@ -98,6 +102,9 @@ class DistilBertForSequenceClassification(nn.Module):
         self.distilbert = DistilBertModel(config)
         self.pre_classifier = nn.Linear(config.dim, config.dim)
         self.classifier = nn.Linear(config.dim, config.num_labels)
+
+    def per_pair_linears(self) -> list[nn.Module]:
+        return self.distilbert.transformer.layer[-1].per_pair_linears() + [self.pre_classifier, self.classifier]
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         first = self.distilbert(batch, first_only=True)

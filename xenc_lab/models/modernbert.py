@@ -106,6 +106,10 @@ class Layer(nn.Module):
         self.mlp_norm = _norm(config)
         self.mlp = MLP(config)
 
+    def per_pair_linears(self) -> list[nn.Module]:
+        """The linears that see one row per pair under ``first_only``: all but the attention's projection."""
+        return [self.attn.Wo, self.mlp.Wi, self.mlp.Wo]
+
     def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, first_only: bool = False) -> torch.Tensor:
         x = self.attn(self.attn_norm(x), batch, rope, x[batch.first_index] if first_only else x, first_only)
         return self.mlp(self.mlp_norm(x), x)
@@ -180,6 +184,11 @@ class ModernBertForSequenceClassification(nn.Module):
         self.model = ModernBertModel(config)
         self.head = PredictionHead(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)  # always biased, as transformers
+
+    def per_pair_linears(self) -> list[nn.Module]:
+        """The head's linears, and with CLS pooling the last layer's (mean pooling reads every token)."""
+        last = self.model.layers[-1].per_pair_linears() if self.pooling == "cls" else []
+        return last + [self.head.dense, self.classifier]
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         if self.pooling == "cls":
