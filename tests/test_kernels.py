@@ -158,6 +158,27 @@ def test_bf16_weighted_sums_take_the_numerators_this_build_says(attention):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_scores_far_apart_give_numerators_of_exactly_zero(attention, dtype):
+    """Keys hundreds below the best score of their query (log2 gaps past 125, where 2^gap would be subnormal): the
+    kernel's exp2 sends their numerators to exactly 0 through its underflow mask, not through a subnormal or a
+    wrapped exponent, and the rest of the softmax is untouched. The far keys' scores are a large exact term
+    (10 x -200 in one column) plus an ordinary dot product, so float32 scores stay exact enough to compare."""
+    gen = torch.Generator().manual_seed(12)
+    cu = offsets([3, 40, 77, 300])
+    num_heads, dh = 2, 32
+    q, k, v = (x.contiguous() for x in fused_qkv(int(cu[-1]), num_heads, dh, torch.float32, gen))
+    far = torch.rand(k.shape[0], generator=gen) < 0.5
+    for h in range(num_heads):
+        q[:, h * dh] = 10.0
+        k[:, h * dh] = torch.where(far, -200.0, 0.0)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    scores = q[:40, :dh].double() @ k[:40, :dh].double().T * dh**-0.5
+    assert ((scores.amax(1, keepdim=True) - scores) * 1.4427 > 250).any()  # the case under test occurs
+    out = attention(q, k, v, cu, cu, num_heads, dh**-0.5)
+    assert_matches(out, kernel_reference(q, k, v, cu, cu, num_heads, dh**-0.5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_one_long_sequence_split_into_query_blocks(attention, dtype):
     gen = torch.Generator().manual_seed(8)
     cu = offsets([1000])
