@@ -169,3 +169,36 @@ def test_loading_onto_the_cpu_builds_the_native_kernels_before_the_first_predict
     assert builds == [1]  # built (or found) while loading, once; predict() then finds the answer cached
     Scorer(tiny_dir, device="cpu")
     assert builds == [1]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("units", [False, True, None])
+def test_16_bit_on_a_cpu_without_its_units_warns_that_float32_is_faster(tiny_dir, monkeypatch, recwarn, dtype, units):
+    import xenc_lab.scorer
+
+    monkeypatch.setattr(xenc_lab.scorer, "native_half_units", lambda asked: units if asked == dtype else True)
+    scorer = Scorer(tiny_dir, device="cpu", dtype=dtype)
+    slow = [w for w in recwarn if "slower than dtype='float32'" in str(w.message)]
+    assert len(slow) == (units is False)  # not where the units are there, nor where the flags cannot be read
+    if slow:
+        assert dtype in str(slow[0].message) and slow[0].filename == __file__  # points at the caller's line
+    scorer.predict([("a query", "a passage")])  # and it still scores
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "expected"),
+    [
+        ("x86_64", {"avx2", "fma"}, {"bfloat16": False, "float16": False}),
+        ("x86_64", {"avx512f", "avx512_bf16"}, {"bfloat16": True, "float16": False}),
+        ("x86_64", {"amx_bf16", "amx_tile", "avx512_fp16"}, {"bfloat16": True, "float16": True}),
+        ("aarch64", {"fp", "asimd", "bf16"}, {"bfloat16": None, "float16": None}),
+        ("x86_64", set(), {"bfloat16": None, "float16": None}),  # no /proc/cpuinfo
+    ],
+)
+def test_native_half_units_are_read_from_the_cpu_flags(monkeypatch, machine, flags, expected):
+    from xenc_lab import cpuinfo
+
+    info = cpuinfo.CpuInfo("", "a CPU", frozenset(flags))
+    monkeypatch.setattr(cpuinfo, "cpu_info", lambda: info)
+    monkeypatch.setattr(cpuinfo.platform, "machine", lambda: machine)
+    assert {dtype: cpuinfo.native_half_units(dtype) for dtype in expected} == expected

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .config import DTYPES, resolve_device, whole_number
-from .cpuinfo import cpu_info
+from .cpuinfo import cpu_info, native_half_units
 from .kernels import gemm_available
 from .layers import PrepackedLinear
 from .tuning import attention_rates, cpu_attention_path
@@ -115,8 +115,7 @@ def gemm_rate(
 
 def cpu_has_fast_bf16() -> bool:
     """AMX or AVX512-BF16, read from the CPU's flags (never assumed)."""
-    flags = cpu_info().flags
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return bool(native_half_units("bfloat16"))
 
 
 def _check_run(device, dtypes, repeats, n_pairs) -> tuple[torch.device, list[str]]:

@@ -30,3 +30,17 @@ def cpu_info() -> CpuInfo:
     model = fields.get("model name") or platform.processor() or platform.machine()
     family = f"family {fields['cpu family']}, model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
     return CpuInfo(fields.get("vendor_id", ""), model, frozenset(fields.get("flags", "").split()), family)
+
+
+# Flags of the units that multiply 16-bit floats natively; without one, a 16-bit matrix product on the CPU runs
+# through conversions to float32.
+HALF_UNITS = {"bfloat16": ("amx_bf16", "avx512_bf16"), "float16": ("amx_fp16", "avx512_fp16")}
+
+
+def native_half_units(dtype: str) -> bool | None:
+    """Whether this CPU multiplies ``dtype`` ("bfloat16" or "float16") natively (AMX or AVX-512 units): True or
+    False read from its flags, None where they cannot be read (not x86, or no /proc/cpuinfo)."""
+    flags = cpu_info().flags
+    if not flags or platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
+        return None
+    return any(flag in flags for flag in HALF_UNITS[dtype])
