@@ -21,9 +21,10 @@ def test_demo_scores_the_pairs_beside_the_oracle_and_reports_a_ratio(tiny_dir, c
 @pytest.mark.parametrize("argv, message", [
     (["demo", "--pairs", "0"], "expected a positive integer, got 0"),
     (["bench", "--repeats", "0"], "expected a positive integer, got 0"),
+    (["bench", "--threads", "0"], "expected a positive integer, got 0"),
     (["demo", "--model", "/no/such/model-dir"], "xenc-lab demo: error: '/no/such/model-dir' is neither"),
     (["demo", "--device", "tpu"], "xenc-lab demo: error: device must be"),
-], ids=["demo-pairs", "bench-repeats", "demo-model", "demo-device"])
+], ids=["demo-pairs", "bench-repeats", "bench-threads", "demo-model", "demo-device"])
 def test_bad_arguments_get_a_one_line_error_not_a_traceback(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -37,3 +38,21 @@ def test_demo_on_cuda_without_a_gpu_says_so(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--device", "cuda"])
     assert "torch sees no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_bench_threads_set_torchs_threads_for_the_run_and_its_report(monkeypatch, tmp_path):
+    from xenc_lab import bench
+
+    seen = {}
+
+    def fake_run(*args, **kwargs):
+        seen["threads"], seen["machine"] = torch.get_num_threads(), bench.machine()
+        return []
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    before = torch.get_num_threads()
+    try:
+        assert main(["bench", "--workloads", "short", "--dtypes", "float32", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen["threads"] == 1 and ", 1 threads," in seen["machine"]

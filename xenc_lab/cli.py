@@ -98,6 +98,10 @@ def bench(args: argparse.Namespace) -> int:
         print(f"workload {Path(file).stem!r}: {len(pairs)} pairs from {file}")
         workloads.append((Path(file).stem, pairs))
     dtypes = args.dtypes or (["float16", "bfloat16"] if args.device == "cuda" else ["float32", "bfloat16"])
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)  # both engines, the ceiling and the report's machine line
     rows = B.run(
         args.model, workloads=workloads, dtypes=dtypes, n_pairs=args.pairs or 256,
         repeats=args.repeats, compile=args.compile, device=args.device, max_batch_tokens=args.max_batch_tokens,
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per engine (median is reported)")
     b.add_argument("--max-batch-tokens", type=_positive_int, default=None, metavar="TOKENS",
                    help="xenc_lab's token budget per batch (default: the Scorer's)")
+    b.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch threads for both engines (default: torch's, e.g. from OMP_NUM_THREADS)")
     b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
