@@ -109,7 +109,7 @@ class Scorer:
             warnings.warn(
                 f"dtype={cfg.dtype!r} on a CPU without {' or '.join(HALF_UNITS[cfg.dtype])} ({cpu_info().model}): "
                 f"its {cfg.dtype} matrix products run through conversions to float32, several times slower than "
-                "dtype='float32' here (5-6x on MiniLM-L6 on an AVX2 CPU) and less exact",
+                "dtype='float32' (5-6x on MiniLM-L6 on an AVX2-only CPU) and less exact",
                 stacklevel=2,
             )
         model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
