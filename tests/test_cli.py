@@ -40,7 +40,7 @@ def test_demo_on_cuda_without_a_gpu_says_so(capsys):
     assert "torch sees no CUDA GPU here" in capsys.readouterr().err
 
 
-def test_bench_threads_set_torchs_threads_for_the_run_and_its_report(monkeypatch, tmp_path):
+def test_bench_threads_set_torchs_threads_for_the_run_and_its_report(monkeypatch):
     from xenc_lab import bench
 
     seen = {}

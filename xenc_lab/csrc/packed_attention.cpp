@@ -336,7 +336,7 @@ XENC_INLINE void store_first(T* p, vf x, int64_t n) {
 // 2^x for x <= 0 (below -125, -inf included, 0: no subnormals, as in the AVX-512 version): x = n + f with
 // |f| <= 1/2, 2^f by the Cephes exp2f polynomial (relative error ~2e-7), times 2^n by adding n to its exponent
 // bits (exact, the same bits as a multiply by 2^n: 2^f * 2^n stays normal for n >= -125). A lane below -125 is
-// not clamped first: whatever its n, f and polynomial come to (NaN at -inf), the last select makes it 0.
+// not clamped first: whatever its n, f and polynomial come to (NaN at -inf), the mask at the end makes it 0.
 // Each step runs on every part before the next step, so that the parts' dependency chains interleave; one chain
 // after the other filled the scheduler with waiting instructions. On Zen 1 (AVX2) these three changes made a
 // pass of exps 1.3x as fast, and attention on 512-token pairs 1.05x, with the same bits out.
