@@ -11,6 +11,7 @@ from transformers import BertConfig
 
 from xenc_lab import bench
 from xenc_lab.cli import main
+from xenc_lab.layers import onednn_bf16
 
 
 def test_model_gflop_counts_non_embedding_matmuls_and_attention():
@@ -65,7 +66,7 @@ def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
 
 
 def test_gemm_rate_measures_each_bf16_path():
-    if not bench.PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
+    if not onednn_bf16():
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
     config = BertConfig(hidden_size=64, num_hidden_layers=1, intermediate_size=128)
     for gemm in ("native", "fp32", "fp16"):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xenc_lab import kernels
-from xenc_lab.layers import PrepackedLinear
+from xenc_lab.layers import PrepackedLinear, onednn_bf16
 
 # Built is enough to run the op's own tests: a build whose self-check fails must fail them, not skip them.
 needs_gemm = pytest.mark.skipif(
@@ -161,9 +161,7 @@ def test_the_self_check_turns_away_a_wrong_layout(monkeypatch):
     assert kernels._gemm_check() is True
 
 
-needs_onednn_bf16 = pytest.mark.skipif(
-    not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")), reason="needs oneDNN bfloat16 on this CPU"
-)
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16(), reason="needs oneDNN bfloat16 on this CPU")
 
 
 @needs_gemm

@@ -20,6 +20,7 @@ from xenc_lab.layers import (
     first_token_self_attention,
     folded_first_token_attention,
     linear_plus,
+    onednn_bf16,
     packed_attention,
     prepack_linears,
     split_first,
@@ -314,9 +315,7 @@ def test_the_folded_attention_op_passes_opcheck():
         torch.library.opcheck(folded_first_token_attention, (x, q, batch.cu_seqlens, kv_weight, bias, num_heads))
 
 
-needs_onednn_bf16 = pytest.mark.skipif(
-    not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")), reason="needs oneDNN bfloat16 on this CPU"
-)
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16(), reason="needs oneDNN bfloat16 on this CPU")
 
 
 @needs_onednn_bf16
@@ -420,6 +419,11 @@ def test_bf16_gemm_is_read_from_the_cpu_or_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="XENC_LAB_BF16_GEMM must be one of native, fp32, fp16, got 'fast'"):
         bf16_gemm()
     monkeypatch.delenv("XENC_LAB_BF16_GEMM")
+    monkeypatch.setattr("xenc_lab.layers.onednn_bf16", lambda: False)  # AVX2-only CPUs, whoever made them
+    for vendor in ("GenuineIntel", "AuthenticAMD"):
+        monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda v=vendor: CpuInfo(v, "cpu", frozenset({"avx2"})))
+        assert bf16_gemm() == "fp32"
+    monkeypatch.setattr("xenc_lab.layers.onednn_bf16", lambda: True)
     monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda: CpuInfo("GenuineIntel", "Xeon", frozenset({"avx512_bf16"})))
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     for half in (True, False):  # Intel without AMX: the fp16 GEMM where it runs, else fp32 products
@@ -428,6 +432,29 @@ def test_bf16_gemm_is_read_from_the_cpu_or_the_environment(monkeypatch):
     for vendor, flags in (("GenuineIntel", {"avx512_bf16", "amx_bf16"}), ("AuthenticAMD", {"avx512_bf16"})):
         monkeypatch.setattr("xenc_lab.layers.cpu_info", lambda v=vendor, f=flags: CpuInfo(v, "cpu", frozenset(f)))
         assert bf16_gemm() == "native"
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_bf16_layers_without_onednn_bf16_take_the_fp32_route(monkeypatch, onednn):
+    """Where oneDNN has no bf16 GEMM (AVX2-only CPUs), a bf16 layer is still prepacked, on the fp32 route even when
+    "native" is asked: exact bf16 products, fp32 sums, one rounding to bf16, the numbers of a bf16 GEMM but for the
+    order of the fp32 sums."""
+    if onednn and not onednn_bf16():
+        pytest.skip("needs oneDNN bfloat16 on this CPU")
+    monkeypatch.setattr("xenc_lab.layers.onednn_bf16", lambda: onednn)
+    assert PrepackedLinear.supported(torch.bfloat16, torch.device("cpu"))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(384, 256).to(torch.bfloat16).requires_grad_(False)
+    x, residual = torch.randn(300, 384, dtype=torch.bfloat16), torch.randn(300, 256, dtype=torch.bfloat16)
+    layer = PrepackedLinear(linear, gemm="native")
+    assert layer.gemm == ("native" if onednn else "fp32") and layer.weight.dtype == torch.bfloat16
+    wide = x.double() @ linear.weight.double().T + linear.bias.double()
+    for got, exact in ((layer(x), wide), (layer(x, residual=residual), wide + residual.double()),
+                       (layer.rows(128, 256)(x), wide[:, 128:])):
+        assert got.dtype == torch.bfloat16
+        rounded = exact.to(torch.bfloat16)  # the correctly rounded result
+        assert (got == rounded).double().mean() > 0.999
+        assert ((got.double() - exact).abs() <= exact.abs() * 2**-7 + 1e-4).all()  # a bf16 step, fp32 sums' error
 
 
 @needs_onednn_bf16

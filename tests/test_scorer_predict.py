@@ -1,6 +1,8 @@
 """Scorer.predict: output forms as CrossEncoder.predict's, scores equal to the oracle's, bad input refused up front."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -97,6 +99,23 @@ def test_predict_in_bfloat16_returns_float32_scores_close_to_float32(tiny_dir, s
     assert not np.array_equal(got, scorer.predict(pairs)), "bfloat16 must actually run in bfloat16"
 
 
+def _bf16_test_pairs() -> list[tuple[str, str]]:
+    from xenc_lab.workloads import make_pairs
+
+    return make_pairs("mixed", 48, seed=5)
+
+
+@functools.cache
+def _crossencoder_logits(dtype: str) -> np.ndarray:
+    """sentence-transformers' raw logits on the bf16 test's pairs, once per dtype for all of its cases."""
+    from sentence_transformers import CrossEncoder
+
+    from xenc_lab.zoo import minilm_cross_encoder
+
+    model = CrossEncoder(str(minilm_cross_encoder()), device="cpu", model_kwargs={"dtype": getattr(torch, dtype)})
+    return model.predict(_bf16_test_pairs(), activation_fn=torch.nn.Identity())
+
+
 @pytest.mark.parametrize(
     "gemm, attention, compile",
     [
@@ -113,26 +132,24 @@ def test_bfloat16_error_is_no_larger_than_sentence_transformers_own(gemm, attent
     """The speed goal's accuracy bound, on the real MiniLM-L6 weights: our bf16 logits are no further from
     sentence-transformers' fp32 logits than its own bf16 logits are (times 1.5), with the bf16 GEMMs native, run
     as fp32 GEMMs on the bf16 values and in xenc_lab's fp16 GEMM (eager and compiled), and with attention in SDPA
-    (what CPUs with AMX may choose, ``tuning``)."""
-    from sentence_transformers import CrossEncoder
-
-    from xenc_lab.layers import PrepackedLinear
-    from xenc_lab.workloads import make_pairs
+    (what CPUs with AMX may choose, ``tuning``). Where oneDNN has no bf16 GEMM (AVX2-only CPUs), the fp32 route
+    runs by default, and these cases check it there."""
+    from xenc_lab.layers import PrepackedLinear, onednn_bf16
     from xenc_lab.zoo import minilm_cross_encoder
 
-    if not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
-        pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
+    if gemm == "native" and not onednn_bf16():
+        pytest.skip("no oneDNN bfloat16 GEMM on this CPU (there bf16 layers take the fp32 route)")
     if gemm == "fp16" and not kernels.half_gemm_available():
         pytest.skip("the fp16 GEMM needs a CPU with AVX512-FP16 and the native kernels")
     monkeypatch.setenv("XENC_LAB_BF16_GEMM", gemm)
     monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", attention)
     kernel_calls = []
     monkeypatch.setattr("xenc_lab.layers.packed_attention_cpu", lambda *a: kernel_calls.append(1) or packed_attention_cpu(*a))
-    path, pairs, raw = str(minilm_cross_encoder()), make_pairs("mixed", 48, seed=5), torch.nn.Identity()
-    exact = CrossEncoder(path, device="cpu").predict(pairs, activation_fn=raw)
-    theirs = CrossEncoder(path, device="cpu", model_kwargs={"dtype": torch.bfloat16}).predict(pairs, activation_fn=raw)
+    path, pairs, raw = str(minilm_cross_encoder()), _bf16_test_pairs(), torch.nn.Identity()
+    exact, theirs = _crossencoder_logits("float32"), _crossencoder_logits("bfloat16")
     scorer = Scorer(path, device="cpu", dtype="bfloat16", compile=compile)
-    assert all(m.gemm == gemm for m in scorer.model.modules() if isinstance(m, PrepackedLinear))
+    gemms = {m.gemm for m in scorer.model.modules() if isinstance(m, PrepackedLinear)}
+    assert gemms == {gemm}
     ours = scorer.predict(pairs, activation_fn=raw)
     assert bool(kernel_calls) == (attention == "kernel" and kernels.load())
     our_error, their_error = np.abs(ours - exact), np.abs(theirs - exact)
@@ -162,9 +179,9 @@ def test_repr_names_architecture_device_dtype_page_size_and_token_budget(tiny_di
 
 
 def test_repr_says_how_a_bf16_model_s_gemms_multiply(tiny_dir, monkeypatch):
-    from xenc_lab.layers import PrepackedLinear
+    from xenc_lab.layers import onednn_bf16
 
-    if not PrepackedLinear.supported(torch.bfloat16, torch.device("cpu")):
+    if not onednn_bf16():
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
     for gemm in ("native", "fp32"):
         monkeypatch.setenv("XENC_LAB_BF16_GEMM", gemm)
