@@ -14,7 +14,8 @@ from xenc_lab import kernels
 from xenc_lab.cpuinfo import cpu_info
 from xenc_lab.layers import PrepackedLinear
 
-from .test_bf16_gemm import assert_compiled_as_one_op_on_bf16, exact, needs_onednn_bf16, problem
+from .test_layers import needs_onednn_bf16
+from .test_widened_gemm import assert_compiled_as_one_op, exact, problem
 
 # Built is enough to run the op's own tests: a build whose self-check fails must fail them, not skip them.
 needs_half_gemm = pytest.mark.skipif(
@@ -289,4 +290,4 @@ def test_compiled_it_stays_one_op_on_bf16_tensors():
     torch.manual_seed(1)
     linear = PrepackedLinear(torch.nn.Linear(64, 96).to(torch.bfloat16).requires_grad_(False), gemm="fp16")
     assert linear.gemm == "fp16"
-    assert_compiled_as_one_op_on_bf16(linear)
+    assert_compiled_as_one_op(linear)

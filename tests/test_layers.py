@@ -370,11 +370,6 @@ def test_split_first_takes_the_query_rows_from_torch_in_float32(dtype, monkeypat
     assert torch.equal(kv, packed.rows(8, 24)(x))
 
 
-def test_prepack_linears_leaves_float16_to_torch():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.float16))
-    assert prepack_linears(model) == 0 and type(model[0]) is torch.nn.Linear
-
-
 def onednn_linear(dtype: torch.dtype, in_features: int, out_features: int) -> torch.nn.Linear:
     """A seeded Linear in ``dtype``; skips the test where oneDNN has no GEMM of that dtype here."""
     if not PrepackedLinear.supported(dtype, torch.device("cpu")):

@@ -18,7 +18,7 @@ import torch
 
 from .config import DTYPES, resolve_device, whole_number
 from .cpuinfo import cpu_info, native_half_units
-from .kernels import gemm_available
+from .kernels import widened_gemm_available
 from .layers import PrepackedLinear
 from .tuning import attention_rates, cpu_attention_path
 from .workloads import make_pairs
@@ -398,7 +398,7 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
         lines += ["", f"On this CPU oneDNN's native bf16 GEMMs ran at {bf16.native_bf16_gflops:.0f} GFLOP/s: without AMX, an "
                   "Intel core issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 FMAs. "
                   + (_FP16_NOTE.format(fp32=bf16.fp32_bf16_gflops) if bf16.bf16_gemm == "fp16" else _FP32_NOTE
-                     + (_OWN_FP32_NOTE if gemm_available() else ""))
+                     + (_OWN_FP32_NOTE if widened_gemm_available() else ""))
                   + " The weights and activations stay bf16, and the bf16 ceiling above is the rate of the GEMM "
                   "xenc_lab ran. sentence-transformers' bf16 runs native."]
     elif any(r.dtype == "bfloat16" and r.bf16_gemm == "native" for r in rows):

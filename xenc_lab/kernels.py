@@ -31,7 +31,7 @@ _NAME = "xenc_lab_kernels"
 
 _lock = threading.Lock()
 # Answers found once per process: "loaded" (the extension's ops are in torch.ops.xenc_lab), ("tiles", dtype) (the
-# tile path runs at dtype), "gemm" (linear_bf16 runs), "f32 gemm" (linear_f32 runs), "half gemm" (linear_half runs).
+# tile path runs at dtype), "widened gemm" (linear_widened runs), "f32 gemm" (linear_f32 runs), "half gemm" (linear_half runs).
 _answers: dict[object, bool] = {}
 
 
@@ -160,7 +160,7 @@ def _build() -> bool:
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
-        torch.library.register_fake("xenc_lab::linear_bf16", _linear_fake)
+        torch.library.register_fake("xenc_lab::linear_widened", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_f32", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)
         return True
@@ -292,11 +292,11 @@ def layer_norm_cpu(
     return torch.ops.xenc_lab.layer_norm(x, weight, bias, float(eps))
 
 
-GEMM_COLS = 64  # columns of W^T per packed block of ``linear_bf16`` and ``linear_f32`` (kGemmCols in the C++ source)
+GEMM_COLS = 64  # columns of W^T per packed block of ``linear_widened`` and ``linear_f32`` (kGemmCols in the C++ source)
 
 
 def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A linear layer's (N, K) weight and (N,) bias (or None) in ``linear_bf16``'s and ``linear_f32``'s layout: float32 blocks
+    """A linear layer's (N, K) weight and (N,) bias (or None) in ``linear_widened``'s and ``linear_f32``'s layout: float32 blocks
     (ceil(N / 64), K, 64) of W^T and a (ceil(N / 64) * 64,) bias, zero-padded past N."""
     n, k = weight.shape
     width = -(-n // GEMM_COLS) * GEMM_COLS
@@ -309,28 +309,31 @@ def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.
 
 
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
-def gemm_available() -> bool:
-    """Whether ``linear_bf16`` runs here: an AVX-512 build with ATen's fp32 brgemm, checked once per process on a
-    small problem (a partial block of rows and of columns, GELU and residual) against torch's own ops."""
-    if not _available() or not torch.ops.xenc_lab.gemm_built():
+def widened_gemm_available() -> bool:
+    """Whether ``linear_widened`` runs here: a build for a CPU with AVX2 and FMA (or AVX-512) and a torch with ATen's
+    fp32 brgemm, checked once per process in bfloat16 and float16 on a small problem (a partial block of rows and of
+    columns, GELU and residual) against torch's own ops."""
+    if not _available() or not torch.ops.xenc_lab.gemm_f32_built():
         return False
-    return _once("gemm", _gemm_check)
+    return _once("widened gemm", _widened_gemm_check)
 
 
-def _gemm_check() -> bool:
+def _widened_gemm_check() -> bool:
     g = torch.Generator().manual_seed(0)
-    x, weight, bias = (torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,)))
-    residual = torch.randn(100, 80, generator=g).bfloat16()
-    x, weight = x.bfloat16(), weight.bfloat16()
-    blocks, padded = gemm_blocks(weight, bias)
-    product = x.float() @ weight.float().t() + bias
-    expected = {"gelu": torch.nn.functional.gelu(product), "none": product + residual.float()}
-    return all(  # one rounding to bf16, with room
-        _agrees(f"bf16 GEMM ({activation})", lambda a=activation: torch.ops.xenc_lab.linear_bf16(
-            x, blocks, padded, 80, a, residual if a == "none" else None), want, 2 * torch.finfo(torch.bfloat16).eps,
-            "using oneDNN's")
-        for activation, want in expected.items()
-    )
+    x, weight, bias, residual = (torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,), (100, 80)))
+    for dtype in (torch.bfloat16, torch.float16):
+        x16, w16, r16 = x.to(dtype), weight.to(dtype), residual.to(dtype)
+        blocks, padded = gemm_blocks(w16, bias)
+        product = x16.float() @ w16.float().t() + bias
+        for activation, want in {"gelu": torch.nn.functional.gelu(product), "none": product + r16.float()}.items():
+            add = r16 if activation == "none" else None
+            if not _agrees(  # one rounding to dtype, with room
+                f"{dtype} GEMM ({activation})",
+                lambda: torch.ops.xenc_lab.linear_widened(x16, blocks, padded, 80, activation, add),  # noqa: B023
+                want, 2 * torch.finfo(dtype).eps, "using oneDNN's",
+            ):
+                return False
+    return True
 
 
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
@@ -371,7 +374,7 @@ def linear_f32_cpu(
     return torch.ops.xenc_lab.linear_f32(x, blocks, bias, out_features, activation, residual)
 
 
-def linear_bf16_cpu(
+def linear_widened_cpu(
     x: torch.Tensor,
     blocks: torch.Tensor,
     bias: torch.Tensor,
@@ -379,11 +382,12 @@ def linear_bf16_cpu(
     activation: str = "none",
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y = x W^T + bias, then exact GELU (``activation="gelu"``) or ``+ residual``, rounded once to bfloat16: x is
-    (M, K) bfloat16 with contiguous columns, ``blocks``/``bias`` from ``gemm_blocks``. Products and sums in float32
-    (a bf16 GEMM's arithmetic); x widened a block at a time in cache, bias, GELU, residual and rounding applied to
-    each output tile in cache. Callers check ``gemm_available()`` first."""
-    return torch.ops.xenc_lab.linear_bf16(x, blocks, bias, out_features, activation, residual)
+    """y = x W^T + bias, then exact GELU (``activation="gelu"``) or ``+ residual``, rounded once to x's dtype: x is
+    (M, K) bfloat16 or float16 with contiguous columns, ``blocks``/``bias`` from ``gemm_blocks``. Products and sums
+    in float32 (a bf16 or fp16 GEMM's arithmetic: products of either are exact in float32); x widened a block at a
+    time in cache, bias, GELU, residual and rounding applied to each output tile in cache. Callers check
+    ``widened_gemm_available()`` first."""
+    return torch.ops.xenc_lab.linear_widened(x, blocks, bias, out_features, activation, residual)
 
 
 HALF_GEMM_COLS = 128  # columns of W^T per packed block of ``linear_half`` (kHalfCols in the C++ source)

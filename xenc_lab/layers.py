@@ -23,15 +23,15 @@ from .cpuinfo import cpu_info
 from .kernels import (
     f32_gemm_available,
     folded_pool_cpu,
-    gemm_available,
     gemm_blocks,
     half_blocks,
     half_gemm_available,
     layer_norm_cpu,
-    linear_bf16_cpu,
     linear_f32_cpu,
     linear_half_cpu,
+    linear_widened_cpu,
     packed_attention_cpu,
+    widened_gemm_available,
 )
 from .tuning import PATHS, cpu_attention_path
 
@@ -272,6 +272,11 @@ def onednn_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def onednn_fp16() -> bool:
+    """Whether oneDNN multiplies float16 on this CPU (torch asks for AVX512-FP16 or AMX-FP16)."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
 def bf16_gemm() -> str:
     """How bfloat16 linear layers multiply on this CPU (``PrepackedLinear``):
 
@@ -288,9 +293,10 @@ def bf16_gemm() -> str:
       and the model ran 1.45x faster than on the fp32 route (measured).
 
     Where oneDNN has no bf16 GEMM (``onednn_bf16``: AVX2-only CPUs) the default is ``"fp32"``: on an AVX2-only AMD
-    EPYC (Zen 1), MiniLM-L6 in bf16 scored 33.0 short pairs/s this way, against 5.7 with torch's own bf16 matmul
-    (sentence-transformers' bf16: 4.1) and 36.6 in float32; its logits' error against fp32 was 1.03x
-    sentence-transformers' own bf16 error (measured).
+    EPYC (Zen 1), MiniLM-L6 in bf16 scored 33.0 short pairs/s this way through torch's ops, 34.3 in xenc_lab's GEMM
+    (``kernels.linear_widened_cpu``), against 5.7 with torch's own bf16 matmul (sentence-transformers' bf16: 4.1)
+    and 35.9 in float32; its logits' error against fp32 was 1.00-1.03x sentence-transformers' own bf16 error
+    (measured).
 
     The default is the fastest of these here; ``XENC_LAB_BF16_GEMM`` forces one (``fp16`` falls back to ``fp32``
     where it cannot run, and ``native`` where oneDNN has no bf16 GEMM)."""
@@ -330,7 +336,8 @@ def f32_gelu_gemm() -> str:
 
 
 class PrepackedLinear(nn.Module):
-    """A Linear whose weight is packed once, at load, for the CPU GEMM that runs it (float32 and bfloat16).
+    """A Linear whose weight is packed once, at load, for the CPU GEMM that runs it (float32 and bfloat16, and
+    float16 where oneDNN has no float16 GEMM).
 
     A float32 layer, and a bfloat16 one where ``gemm`` is ``"native"``, runs oneDNN's GEMM on its weight reordered
     once into oneDNN's blocked layout. torch's CPU GEMMs take the weight as it is on every call: MKL in float32
@@ -343,10 +350,14 @@ class PrepackedLinear(nn.Module):
     to bfloat16 applied to each output tile while it is in cache:
     - ``"fp16"``: float16 FMAs (``kernels.linear_half_cpu``) on a float16 copy of the weight, scaled;
     - ``"fp32"``: float32 FMAs on a float32 copy of the weight, each block of input rows widened in cache
-      (``kernels.linear_bf16_cpu``; 1.06-1.25x the rate of the same GEMM through torch's ops at MiniLM's shapes),
-      or, where that kernel does not run or ``fused=False`` asks (benchmarks compare them), torch's ops around
-      oneDNN's float32 GEMM (a pass over memory for each widening and rounding).
+      (``kernels.linear_widened_cpu``; 1.06-1.25x the rate of the same GEMM through torch's ops at MiniLM's
+      shapes on AVX-512), or, where that kernel does not run or ``fused=False`` asks (benchmarks compare them),
+      torch's ops around oneDNN's float32 GEMM (a pass over memory for each widening and rounding).
     Each falls back to the next where it does not run here. ``weight`` and ``bias`` stay as they were.
+
+    A float16 layer takes the ``"fp32"`` route: the products of fp16 numbers are exact in fp32 too. It is prepacked
+    only where oneDNN has no float16 GEMM (``onednn_fp16``; torch's float16 matmul runs through conversions there,
+    measured at a fifth of float32's speed on an AVX2-only CPU); elsewhere it stays torch's.
 
     A float32 layer called with the GELU runs xenc_lab's fp32 GEMM instead where ``f32_gelu_gemm()`` says so (the
     GELU applied to each output tile in cache), on a blocked float32 copy of the weight made at its first GELU call.
@@ -363,8 +374,10 @@ class PrepackedLinear(nn.Module):
             raise ValueError(f"gemm must be None or one of {', '.join(BF16_GEMMS)}, got {gemm!r}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        if linear.weight.dtype != torch.bfloat16:
+        if linear.weight.dtype == torch.float32:
             gemm = "native"
+        elif linear.weight.dtype == torch.float16:
+            gemm = "fp32"
         elif gemm is None:
             gemm = bf16_gemm()
         if gemm == "fp16" and not (half_gemm_available() and bool(linear.weight.isfinite().all())):
@@ -374,7 +387,7 @@ class PrepackedLinear(nn.Module):
         self.gemm = gemm
         # xenc_lab's GEMMs: the fp16 one, or the fp32 one where it runs here unless ``fused=False`` asks for torch's
         # ops around oneDNN's fp32 GEMM (benchmarks compare them).
-        self.fused = gemm == "fp16" or (gemm == "fp32" and (fused is None or fused) and gemm_available())
+        self.fused = gemm == "fp16" or (gemm == "fp32" and (fused is None or fused) and widened_gemm_available())
         weight, self._bias = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
         self._exponent = 0
         if gemm == "fp16":  # xenc_lab's fp16 GEMM: its own blocked, scaled fp16 copy of the weight
@@ -395,7 +408,8 @@ class PrepackedLinear(nn.Module):
     def supported(dtype: torch.dtype, device: torch.device) -> bool:
         if device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return False
-        return dtype in (torch.float32, torch.bfloat16)  # bf16 without oneDNN's bf16 GEMM: the fp32 route
+        # bf16 without oneDNN's bf16 GEMM, and fp16 wherever prepacked: the fp32 route
+        return dtype in (torch.float32, torch.bfloat16) or (dtype == torch.float16 and not onednn_fp16())
 
     def rows(self, start: int, stop: int) -> PrepackedLinear:
         """Output features start:stop, prepacked on first use."""
@@ -431,7 +445,7 @@ class PrepackedLinear(nn.Module):
             if self.gemm == "fp16":
                 y = linear_half_cpu(rows, self.packed, self._exponent, self._bias, self.out_features, activation, residual)
             else:
-                y = linear_bf16_cpu(rows, self.packed, self._bias, self.out_features, activation, residual)
+                y = linear_widened_cpu(rows, self.packed, self._bias, self.out_features, activation, residual)
             return y.view(*x.shape[:-1], self.out_features)
         dtype = x.dtype
         if self.gemm == "fp32":
@@ -484,8 +498,8 @@ def linear_plus(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> t
 
 
 def prepack_linears(model: nn.Module, keep: Iterable[nn.Module] = ()) -> int:
-    """Replace every nn.Linear of a CPU float32 or bfloat16 model by a PrepackedLinear, but those in ``keep``;
-    returns how many.
+    """Replace every nn.Linear of a CPU model by a PrepackedLinear where its dtype is ``supported``, but those in
+    ``keep``; returns how many.
 
     The loader keeps a float32 model's per-pair linears torch's (the model's ``per_pair_linears()``: the layers that
     see one row per pair, as the last layer past its attention and the classification head do), and the first

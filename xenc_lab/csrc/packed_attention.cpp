@@ -83,21 +83,16 @@
 #else
 #define XENC_TILES 0
 #endif
-// The fp32 GEMM of float32 layers with the exact GELU (linear_f32, below) runs ATen's fp32 brgemm ukernel, on
-// AVX2 or AVX-512; the bf16 linear layers' fp32 GEMM (linear_bf16) is built on AVX-512 alone.
+// The fp32 GEMMs of linear layers (linear_f32 for float32 layers with the exact GELU, linear_widened for bf16 and
+// fp16 layers, below) run ATen's fp32 brgemm ukernel, on AVX2 or AVX-512.
 #if (XENC_AVX512 || (defined(__AVX2__) && defined(__FMA__))) && defined(CPUBLAS_BRGEMM_F32F32F32)
 #define XENC_GEMM_F32 1
 #else
 #define XENC_GEMM_F32 0
 #endif
-#if XENC_AVX512 && XENC_GEMM_F32
-#define XENC_GEMM 1
-#else
-#define XENC_GEMM 0
-#endif
 
 // The bf16 linear layers' fp16 GEMM (linear_half, below) needs AVX512-FP16 (fp16 FMAs on 32 lanes).
-#if XENC_GEMM && defined(__AVX512FP16__)
+#if XENC_AVX512 && XENC_GEMM_F32 && defined(__AVX512FP16__)
 #define XENC_HALF_GEMM 1
 #else
 #define XENC_HALF_GEMM 0
@@ -319,8 +314,42 @@ XENC_INLINE vf load_first(const float* p, int64_t n) {
   std::memcpy(t, p, n * sizeof(float));
   return loadu(t);
 }
+// kLanes 16-bit floats widened to fp32, and fp32 rounded to nearest even into them, as c10's conversions do: bf16
+// by shifts and integer adds, fp16 by F16C where the CPU has it (else c10's scalar conversions).
+using nh = uint16_t __attribute__((vector_size(2 * kLanes)));
+XENC_INLINE nf widen_part(const BFloat16* p) {
+  nh h;
+  std::memcpy(&h, p, sizeof(nh));
+  return (nf)(__builtin_convertvector(h, nu) << 16);
+}
+XENC_INLINE void narrow_part(BFloat16* p, nf x) {
+  const nu bits = (nu)x;
+  const ni nan = x != x;  // NaN rounds to c10's quiet NaN, 0x7FC0
+  const nu rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const nh h = __builtin_convertvector((nu)(((ni)rounded & ~nan) | (nan & 0x7FC0)), nh);
+  std::memcpy(p, &h, sizeof(nh));
+}
+#if defined(__F16C__) && defined(__AVX__)
+XENC_INLINE nf widen_part(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+XENC_INLINE void narrow_part(Half* p, nf x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#else
+XENC_INLINE nf widen_part(const Half* p) {
+  nf x;
+  for (int l = 0; l < kLanes; ++l) x[l] = static_cast<float>(p[l]);
+  return x;
+}
+XENC_INLINE void narrow_part(Half* p, nf x) {
+  for (int l = 0; l < kLanes; ++l) p[l] = static_cast<Half>(x[l]);
+}
+#endif
+
 template <typename T>  // BFloat16, Half
 XENC_INLINE vf load_first(const T* p, int64_t n) {
+  if (n == 16) {
+    XENC_PARTWISE(widen_part(p + i * kLanes));
+  }
   float t[16] = {};
   for (int64_t l = 0; l < n; ++l) t[l] = static_cast<float>(p[l]);
   return loadu(t);
@@ -328,6 +357,10 @@ XENC_INLINE vf load_first(const T* p, int64_t n) {
 XENC_INLINE void store_first(float* p, vf x, int64_t n) { std::memcpy(p, &x, n * sizeof(float)); }
 template <typename T>  // BFloat16, Half
 XENC_INLINE void store_first(T* p, vf x, int64_t n) {
+  if (n == 16) {
+    for (int i = 0; i < kParts; ++i) narrow_part(p + i * kLanes, x.part[i]);
+    return;
+  }
   float t[16];
   store(t, x);
   for (int64_t l = 0; l < n; ++l) p[l] = static_cast<T>(t[l]);
@@ -1298,9 +1331,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // - float32 layers (linear_f32): oneDNN's GEMM applies its GELU post-op to the output after the product; here it is
 //   applied to each output tile while it is in L1 (on an AVX2-only AMD EPYC the intermediate GEMM of MiniLM ran at
 //   66-68 GFLOP/s against oneDNN's 62-64 with its post-op, both alone on 4,096 rows).
-// - bf16 layers (linear_bf16), rounded once to bf16: the products of bf16 numbers are exact in fp32 and a bf16 GEMM
-//   sums them in fp32, so fp32 FMAs on the widened values do a bf16 GEMM's arithmetic (but for the order of the
-//   sums); on Intel cores without AMX they run at twice the rate of the bf16 dot product. Done with torch's ops,
+// - bf16 and fp16 layers (linear_widened), rounded once to x's type: the products of bf16 numbers, and of fp16
+//   numbers, are exact in fp32, and a bf16 or fp16 GEMM sums them in fp32, so fp32 FMAs on the widened values do
+//   that GEMM's arithmetic (but for the order of the sums). On Intel cores without AMX they run at twice the rate
+//   of the bf16 dot product; on CPUs without bf16 or fp16 units (AVX2) they are the only fast way. Done with torch's ops,
 //   that takes a pass to widen x, one to widen the residual and one to round y, each over the whole tensor in
 //   memory; here x is widened one block of rows at a time into a buffer that stays in cache, and the bias, GELU,
 //   residual and rounding are applied to each output tile while it is in L1.
@@ -1379,7 +1413,7 @@ XENC_INLINE vf finish(vf v, bool gelu, const T* res, int64_t n) {
   return res ? v + load_first(res, n) : v;
 }
 
-// y = x W^T + bias, GELU or + residual, y of x's type T (float or BFloat16, the latter widened a block at a time).
+// y = x W^T + bias, GELU or + residual, y of x's type T (float, or BFloat16 or Half widened a block at a time).
 template <typename T>
 at::Tensor linear_on_fp32(const char* name, const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias,
                           int64_t out_features, c10::string_view activation,
@@ -1452,14 +1486,17 @@ at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& blocks, const at::T
                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
   return linear_on_fp32<float>("linear_f32", x, blocks, bias, out_features, activation, residual);
 }
-#endif  // XENC_GEMM_F32
 
-#if XENC_GEMM
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
-  return linear_on_fp32<BFloat16>("linear_bf16", x, blocks, bias, out_features, activation, residual);
+at::Tensor linear_widened(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                          c10::string_view activation, const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              "linear_widened takes bfloat16 or float16 x, got ", x.scalar_type());
+  if (x.scalar_type() == at::kHalf) {
+    return linear_on_fp32<Half>("linear_widened", x, blocks, bias, out_features, activation, residual);
+  }
+  return linear_on_fp32<BFloat16>("linear_widened", x, blocks, bias, out_features, activation, residual);
 }
-#endif  // XENC_GEMM
+#endif  // XENC_GEMM_F32
 
 // ---------------------------------------------------------------------------------------------------------------
 // bf16 linear layers on fp16 FMAs: y = x W^T + bias, then exact (erf) GELU or + residual, rounded once to bf16.
@@ -1612,7 +1649,6 @@ at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t we
 }
 #endif  // XENC_HALF_GEMM
 
-bool gemm_built() { return XENC_GEMM; }
 bool gemm_f32_built() { return XENC_GEMM_F32; }
 bool half_gemm_built() { return XENC_HALF_GEMM; }
 bool paired_bf16_built() { return kPairedKeys<BFloat16>; }
@@ -1682,7 +1718,6 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("tiles_built() -> bool", &xenc_lab::tiles_built);
   m.def("folded_pool(Tensor x, Tensor folded, Tensor cu_seqlens) -> Tensor");
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
-  m.def("gemm_built() -> bool", &xenc_lab::gemm_built);
   m.def("gemm_f32_built() -> bool", &xenc_lab::gemm_f32_built);
   m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
@@ -1690,7 +1725,7 @@ TORCH_LIBRARY(xenc_lab, m) {
       "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "
       "Tensor? residual) -> Tensor");
   m.def(
-      "linear_bf16(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
+      "linear_widened(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
       "Tensor");
   m.def(
       "linear_f32(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
@@ -1704,9 +1739,7 @@ TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
   m.impl("folded_pool", &xenc_lab::folded_pool);
 #if XENC_GEMM_F32
   m.impl("linear_f32", &xenc_lab::linear_f32);
-#endif
-#if XENC_GEMM
-  m.impl("linear_bf16", &xenc_lab::linear_bf16);
+  m.impl("linear_widened", &xenc_lab::linear_widened);
 #endif
 #if XENC_HALF_GEMM
   m.impl("linear_half", &xenc_lab::linear_half);
