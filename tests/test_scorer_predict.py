@@ -99,24 +99,25 @@ def test_predict_in_bfloat16_returns_float32_scores_close_to_float32(tiny_dir, s
     assert not np.array_equal(got, scorer.predict(pairs)), "bfloat16 must actually run in bfloat16"
 
 
-def _half_test_pairs() -> list[tuple[str, str]]:
-    """Mixed pairs (a tail to 512 tokens), or short ones where oneDNN has no bf16 GEMM: there sentence-transformers'
-    16-bit runs go through torch's conversions (55 s for 48 mixed pairs on an AVX2-only CPU, 17 s for short ones)."""
+def _half_test_pairs(dtype: str) -> list[tuple[str, str]]:
+    """The 16-bit tests' pairs: mixed (a tail to 512 tokens) for bf16 where oneDNN multiplies bf16, short ones
+    elsewhere. Without a GEMM of the dtype, sentence-transformers' 16-bit runs go through torch's conversions (55 s
+    for 48 mixed pairs on an AVX2-only CPU, 17 s for short ones); fp16 runs so wherever these tests run."""
     from xenc_lab.layers import onednn_bf16
     from xenc_lab.workloads import make_pairs
 
-    return make_pairs("mixed" if onednn_bf16() else "short", 48, seed=5)
+    return make_pairs("mixed" if dtype == "bfloat16" and onednn_bf16() else "short", 48, seed=5)
 
 
 @functools.cache
-def _crossencoder_logits(dtype: str) -> np.ndarray:
-    """sentence-transformers' raw logits on the 16-bit test's pairs, once per dtype for all of its cases."""
+def _crossencoder_logits(dtype: str, pairs_of: str) -> np.ndarray:
+    """sentence-transformers' raw logits in ``dtype`` on the pairs of the ``pairs_of`` test, once for all cases."""
     from sentence_transformers import CrossEncoder
 
     from xenc_lab.zoo import minilm_cross_encoder
 
     model = CrossEncoder(str(minilm_cross_encoder()), device="cpu", model_kwargs={"dtype": getattr(torch, dtype)})
-    return model.predict(_half_test_pairs(), activation_fn=torch.nn.Identity())
+    return model.predict(_half_test_pairs(pairs_of), activation_fn=torch.nn.Identity())
 
 
 @pytest.mark.parametrize(
@@ -154,8 +155,8 @@ def test_float16_error_is_that_of_sentence_transformers_own(monkeypatch):
     """fp16 layers take the fp32 route wherever oneDNN has no fp16 GEMM (exact fp16 products, fp32 sums, one
     rounding), attention the kernel: on the real MiniLM-L6 weights our fp16 logits are about as far from
     sentence-transformers' fp32 logits as its own fp16 logits are. On 256 short pairs (an AVX2-only CPU) the ratios
-    were 0.99x on average and 1.07x at the worst pair; on this test's 48, 1.12x and 1.56x: the worst of 48 is
-    noisy, so it is bounded at 2x and the mean at 1.25x."""
+    were 0.99x on average and 1.07x at the worst pair; on this test's 48 short ones, 1.12x and 1.56x: the worst of 48
+    is noisy, so it is bounded at 2x and the mean at 1.25x."""
     from xenc_lab.layers import onednn_fp16
 
     if onednn_fp16():
@@ -176,9 +177,9 @@ def _half_logits(dtype: str, gemm: str, attention: str, compile: bool, monkeypat
     monkeypatch.setattr("xenc_lab.layers.packed_attention_cpu", lambda *a: kernel_calls.append(1) or packed_attention_cpu(*a))
     scorer = Scorer(str(minilm_cross_encoder()), device="cpu", dtype=dtype, compile=compile)
     assert {m.gemm for m in scorer.model.modules() if isinstance(m, PrepackedLinear)} == {gemm}
-    ours = scorer.predict(_half_test_pairs(), activation_fn=torch.nn.Identity())
+    ours = scorer.predict(_half_test_pairs(dtype), activation_fn=torch.nn.Identity())
     assert bool(kernel_calls) == (attention == "kernel" and kernels.load())
-    exact, theirs = _crossencoder_logits("float32"), _crossencoder_logits(dtype)
+    exact, theirs = _crossencoder_logits("float32", dtype), _crossencoder_logits(dtype, dtype)
     assert np.abs(theirs - exact).max() > 1e-3, f"sentence-transformers' {dtype} run must differ from its fp32 run"
     return ours, exact, theirs
 
