@@ -4,6 +4,8 @@ rounding to bf16 on tiles in cache): to the bit against its stated arithmetic em
 sums' bound of float64, and as ``PrepackedLinear``'s ``gemm="fp16"``."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +16,9 @@ from xenc_lab import kernels
 from xenc_lab.cpuinfo import cpu_info
 from xenc_lab.layers import PrepackedLinear
 
+from .test_f32_gemm import assert_compiled_as_one_op, exact
+from .test_f32_gemm import problem as f32_problem
 from .test_layers import needs_onednn_bf16
-from .test_widened_gemm import assert_compiled_as_one_op, exact, problem
 
 # Built is enough to run the op's own tests: a build whose self-check fails must fail them, not skip them.
 needs_half_gemm = pytest.mark.skipif(
@@ -23,14 +26,15 @@ needs_half_gemm = pytest.mark.skipif(
     reason="xenc_lab's fp16 GEMM is not built here (needs AVX512-FP16 and a torch with cpublas' fp32 brgemm)",
 )
 
+problem = functools.partial(f32_problem, dtype=torch.bfloat16)  # bf16 layers' problems
 CHUNK, ROW_MAX = kernels.HALF_GEMM_CHUNK, kernels.HALF_GEMM_ROW_MAX
 
 
 def test_it_is_built_where_the_cpu_has_avx512_fp16():
     """A CPU with AVX512-FP16 gets the fp16 GEMM, and its self-check passes there (a faulty build would otherwise
     quietly fall back to the fp32 route)."""
-    if "avx512_fp16" not in cpu_info().flags or not kernels.load() or not torch.ops.xenc_lab.gemm_built():
-        pytest.skip("no AVX512-FP16 here, or no native kernels")
+    if "avx512_fp16" not in cpu_info().flags or not kernels.load() or not torch.ops.xenc_lab.gemm_f32_built():
+        pytest.skip("no AVX512-FP16 here, or no native kernels with ATen's fp32 brgemm")
     assert torch.ops.xenc_lab.half_gemm_built() and kernels.half_gemm_available()
 
 
