@@ -32,7 +32,7 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
     assert "| short | float32 | xenc_lab | 8 | 90 | 14.0 | 1.40x |" in text
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert "moved between two identical calls" not in text and "compile=True" not in text
-    assert "native bf16" not in text
+    assert "native bf16" not in text and "error vs ST's own" not in text  # float32 only: no such column
     record = json.loads((tmp_path / "throughput.json").read_text())
     assert record["command"] == "xenc-lab bench" and record["machine"] == bench.machine()
     assert [bench.BenchRow(**r) for r in record["rows"]] == rows
@@ -53,6 +53,26 @@ def test_report_says_how_bf16_gemms_ran_here(tmp_path):
     rows[1].bf16_gemm, rows[1].native_bf16_gflops, rows[1].fp32_bf16_gflops = "native", 0.0, 0.0  # AMX, AMD cores
     text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
     assert "native ones in both engines" in text and "runs its bf16 GEMMs in fp16" not in text
+
+
+def test_error_ratios_are_ours_over_sentence_transformers_own_at_the_same_dtype(tmp_path):
+    """The bf16 goal's measure: xenc_lab's error against sentence-transformers fp32 over sentence-transformers' own at
+    that dtype, on the same pairs (mean and max of the abs deltas); float32 rows have none."""
+    def row(dtype, engine, mean, most, workload="short"):
+        return bench.BenchRow(workload, dtype, engine, 8, 90.0, 10.0, 1.0, 100.0, 0.5, most, 0.8, mean_abs_delta=mean)
+
+    rows = [row("float32", "sentence-transformers", 0.0, 0.0), row("float32", "xenc_lab", 1e-6, 5e-6),
+            row("bfloat16", "sentence-transformers", 0.02, 0.07), row("bfloat16", "xenc_lab", 0.018, 0.056),
+            row("bfloat16", "xenc_lab compiled", 0.03, 0.07), row("bfloat16", "sentence-transformers", 0.04, 0.1, "long"),
+            row("bfloat16", "xenc_lab", 0.02, 0.12, "long")]
+    bench.set_error_ratios(rows)
+    assert [(r.error_ratio, r.max_error_ratio) for r in rows[:3]] == [(0.0, 0.0)] * 3
+    assert [(round(r.error_ratio, 6), round(r.max_error_ratio, 6)) for r in rows[3:]] == [
+        (0.9, 0.8), (1.5, 1.0), (0.0, 0.0), (0.5, 1.2)]
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
+    assert "| max abs delta | error vs ST's own |" in text and "over sentence-transformers' own at that dtype" in text
+    assert "| short | bfloat16 | xenc_lab | 8 | 90 | 10.0 | 1.00x | 100 | 50% | 5.6e-02 | 0.90 (max 0.80) |" in text
+    assert "| short | float32 | xenc_lab | 8 | 90 | 10.0 | 1.00x | 100 | 50% | 5.0e-06 | |" in text
 
 
 def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
@@ -90,6 +110,13 @@ def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_
     table = (tmp_path / "throughput.md").read_text()
     assert all(table.count(f"| short | {dtype} |") == 3 for dtype in dtypes) and "graph(s) compiled" in table
     assert "short float32: attention alone, GFLOP/s: " in out and "Attention alone at the model's head shapes" in table
+    rows = [bench.BenchRow(**r) for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]]
+    assert all(r.mean_abs_delta > 0 for r in rows if r.engine != "sentence-transformers")
+    for r in rows:  # bf16: each xenc_lab row's error over sentence-transformers' own bf16 error, in the log and table
+        if r.dtype == "bfloat16" and r.engine != "sentence-transformers":
+            st = next(s for s in rows if (s.dtype, s.engine) == ("bfloat16", "sentence-transformers"))
+            assert r.error_ratio == pytest.approx(r.mean_abs_delta / st.mean_abs_delta) and r.error_ratio > 0
+            assert f"error {r.error_ratio:.2f}x ST's own" in out and f"{r.error_ratio:.2f} (max " in table
 
 
 def test_bench_runs_a_workload_of_ones_own_from_a_file(tiny_dir, tmp_path, capsys):
