@@ -177,45 +177,28 @@ def test_gelu_is_exact_gelu_in_the_tails_and_keeps_nan(dtype):
 
 
 @needs_gemm
-def test_bad_arguments_are_refused_with_what_was_expected():
-    x, weight, b, residual = problem(10, 32, 20, seed=4)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_bad_arguments_are_refused_with_what_was_expected(dtype):
+    x, weight, b, residual = problem(10, 32, 20, seed=4, dtype=dtype)
     blocks, padded = kernels.gemm_blocks(weight, b)
-    op = torch.ops.xenc_lab.linear_f32
-    with pytest.raises(RuntimeError, match="2-D Float"):
-        op(x.bfloat16(), blocks, padded, 20, "none", None)
-    with pytest.raises(RuntimeError, match="float32 blocks"):
-        op(x[:, :16], blocks, padded, 20, "none", None)
-    with pytest.raises(RuntimeError, match="does not fit"):
-        op(x, blocks, padded, 65, "none", None)
-    with pytest.raises(RuntimeError, match='"none" or "gelu"'):
-        op(x, blocks, padded, 20, "relu", None)
-    with pytest.raises(RuntimeError, match="plain product"):
-        op(x, blocks, padded, 20, "gelu", residual)
-    with pytest.raises(RuntimeError, match="residual must be"):
-        op(x, blocks, padded, 20, "none", residual.bfloat16())
-
-
-@needs_gemm
-def test_bad_arguments_to_the_widened_gemm_are_refused_with_what_was_expected():
-    x, weight, b, residual = problem(10, 32, 20, seed=4, dtype=torch.bfloat16)
-    blocks, padded = kernels.gemm_blocks(weight, b)
-    op = torch.ops.xenc_lab.linear_widened
-    with pytest.raises(RuntimeError, match="bfloat16 or float16 x, got Float"):
-        op(x.float(), blocks, padded, 20, "none", None)
-    with pytest.raises(RuntimeError, match="2-D BFloat16"):
-        op(x[None], blocks, padded, 20, "none", None)
-    with pytest.raises(RuntimeError, match="float32 blocks"):
-        op(x[:, :16], blocks, padded, 20, "none", None)
-    with pytest.raises(RuntimeError, match="does not fit"):
-        op(x, blocks, padded, 65, "none", None)
-    with pytest.raises(RuntimeError, match='"none" or "gelu"'):
-        op(x, blocks, padded, 20, "relu", None)
-    with pytest.raises(RuntimeError, match="plain product"):
-        op(x, blocks, padded, 20, "gelu", residual)
-    with pytest.raises(RuntimeError, match="residual must be"):
-        op(x, blocks, padded, 20, "none", residual[:, :10])
-    with pytest.raises(RuntimeError, match="residual must be"):
-        op(x, blocks, padded, 20, "none", residual.half())
+    name = {torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half"}[dtype]
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    if dtype == torch.float32:
+        op, wrong_x, wrong_x_says = torch.ops.xenc_lab.linear_f32, x.bfloat16(), "2-D Float CPU tensor, got BFloat16"
+    else:
+        op, wrong_x, wrong_x_says = torch.ops.xenc_lab.linear_widened, x.float(), "bfloat16 or float16 x, got Float"
+    for args, says in (
+        ((wrong_x, blocks, padded, 20, "none", None), wrong_x_says),
+        ((x[None], blocks, padded, 20, "none", None), rf"2-D {name} CPU tensor, got {name} of shape \[1, 10, 32\]"),
+        ((x[:, :16], blocks, padded, 20, "none", None), "float32 blocks"),
+        ((x, blocks, padded, 65, "none", None), "does not fit"),
+        ((x, blocks, padded, 20, "relu", None), '"none" or "gelu"'),
+        ((x, blocks, padded, 20, "gelu", residual), "plain product"),
+        ((x, blocks, padded, 20, "none", residual[:, :10]), rf"residual must be a {name} \(10, 20\) tensor"),
+        ((x, blocks, padded, 20, "none", residual.to(other)), "residual must be"),
+    ):
+        with pytest.raises(RuntimeError, match=says):
+            op(*args)
 
 
 @needs_gemm

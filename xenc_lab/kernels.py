@@ -308,19 +308,31 @@ def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.
     return wt.view(k, width // GEMM_COLS, GEMM_COLS).permute(1, 0, 2).contiguous(), padded
 
 
+def _gemm_f32_built() -> bool:
+    """Whether the fp32 GEMMs (``linear_f32``, ``linear_widened``) are in this build: AVX2 and FMA or AVX-512, and a
+    torch with ATen's fp32 brgemm."""
+    return _available() and torch.ops.xenc_lab.gemm_f32_built()
+
+
+def _gemm_check_problem() -> tuple[torch.Tensor, ...]:
+    """x (100, 72), W (80, 72), bias and residual: a partial block of rows (96) and of columns (64) for the
+    self-checks."""
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,), (100, 80)))
+
+
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
 def widened_gemm_available() -> bool:
     """Whether ``linear_widened`` runs here: a build for a CPU with AVX2 and FMA (or AVX-512) and a torch with ATen's
     fp32 brgemm, checked once per process in bfloat16 and float16 on a small problem (a partial block of rows and of
     columns, GELU and residual) against torch's own ops."""
-    if not _available() or not torch.ops.xenc_lab.gemm_f32_built():
+    if not _gemm_f32_built():
         return False
     return _once("widened gemm", _widened_gemm_check)
 
 
 def _widened_gemm_check() -> bool:
-    g = torch.Generator().manual_seed(0)
-    x, weight, bias, residual = (torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,), (100, 80)))
+    x, weight, bias, residual = _gemm_check_problem()
     for dtype in (torch.bfloat16, torch.float16):
         x16, w16, r16 = x.to(dtype), weight.to(dtype), residual.to(dtype)
         blocks, padded = gemm_blocks(w16, bias)
@@ -341,14 +353,13 @@ def f32_gemm_available() -> bool:
     """Whether ``linear_f32`` runs here: a build for a CPU with AVX2 and FMA (or AVX-512) and a torch with ATen's fp32
     brgemm, checked once per process on a small problem (a partial block of rows and of columns, GELU and residual)
     against the exact result."""
-    if not _available() or not torch.ops.xenc_lab.gemm_f32_built():
+    if not _gemm_f32_built():
         return False
     return _once("f32 gemm", _f32_gemm_check)
 
 
 def _f32_gemm_check() -> bool:
-    g = torch.Generator().manual_seed(0)
-    x, weight, bias, residual = (torch.randn(*shape, generator=g) for shape in ((100, 72), (80, 72), (80,), (100, 80)))
+    x, weight, bias, residual = _gemm_check_problem()
     blocks, padded = gemm_blocks(weight, bias)
     product = x.double() @ weight.double().t() + bias.double()
     expected = {"gelu": torch.nn.functional.gelu(product), "none": product + residual.double()}
