@@ -329,7 +329,7 @@ def set_error_ratios(rows: list[BenchRow]) -> None:
     theirs = {(r.workload, r.dtype): r for r in rows if r.engine == "sentence-transformers"}
     for r in rows:
         st = theirs.get((r.workload, r.dtype))
-        if r.dtype != "float32" and r.engine != "sentence-transformers" and st and st.mean_abs_delta and st.max_abs_delta:
+        if r.dtype != "float32" and r.engine != "sentence-transformers" and st and st.mean_abs_delta:
             r.error_ratio = r.mean_abs_delta / st.mean_abs_delta
             r.max_error_ratio = r.max_abs_delta / st.max_abs_delta
 
