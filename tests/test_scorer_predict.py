@@ -402,7 +402,7 @@ def test_predict_takes_the_old_sentence_transformers_names_with_a_warning(scorer
     with pytest.warns(FutureWarning, match="sentences"):
         got = scorer.predict(sentences=pairs, activation_fct=torch.nn.Identity(), num_workers=4)
     np.testing.assert_array_equal(got, want)
-    with pytest.raises(TypeError, match="both pairs and sentences"), pytest.warns(FutureWarning):
+    with pytest.raises(TypeError, match=r"several names \(pairs, sentences\)"), pytest.warns(FutureWarning):
         scorer.predict(pairs, sentences=pairs)
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['pool'\]"):
         scorer.predict(pairs, pool=object())
@@ -428,3 +428,127 @@ def test_predict_refuses_non_bool_flags_and_a_0d_array(counted):
 def test_an_activation_that_returns_no_tensor_is_a_typeerror(scorer, activation):
     with pytest.raises(TypeError, match="activation_fn must map the logits tensor to a torch.Tensor, got"):
         scorer.predict([("a", "b"), ("c", "d")], activation_fn=activation)
+
+
+# -- sentence-transformers v6's other predict arguments ----------------------------------------------------------
+def test_predict_takes_the_pairs_as_inputs_the_oracles_name_for_them(scorer, oracle, pairs, recwarn):
+    np.testing.assert_array_equal(scorer.predict(inputs=pairs), scorer.predict(pairs))
+    np.testing.assert_allclose(scorer.predict(inputs=pairs), oracle.predict(inputs=pairs), rtol=0, atol=ATOL)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+    with pytest.raises(TypeError, match=r"several names \(inputs, pairs\)"):
+        scorer.predict(pairs, inputs=pairs)
+
+
+LONG_PAIRS = [("q " * 20, "d " * 20), ("q", "d " * 30), ("a b c " * 10, "x"), ("short", "pair")]
+
+
+@pytest.mark.parametrize("how", ["max_length", "processing_kwargs"])
+def test_a_max_length_for_one_call_truncates_as_the_oracles_and_as_a_scorer_built_with_it(tiny_dir, scorer, oracle, how):
+    per_call = {"max_length": 16} if how == "max_length" else {"processing_kwargs": {"text": {"max_length": 16}}}
+    got = scorer.predict(LONG_PAIRS, activation_fn=torch.nn.Identity(), **per_call)
+    want = oracle.predict(LONG_PAIRS, activation_fn=torch.nn.Identity(), **per_call)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    built = Scorer(tiny_dir, device="cpu", max_length=16).predict(LONG_PAIRS, activation_fn=torch.nn.Identity())
+    np.testing.assert_array_equal(got, built)
+    full = scorer.predict(LONG_PAIRS, activation_fn=torch.nn.Identity())
+    assert np.abs(got[:3] - full[:3]).min() > 1e-3, "the long pairs must have been cut"
+    assert got[3] == full[3]
+    assert scorer.max_length == 64  # the Scorer's own is untouched
+
+
+def test_a_max_length_for_one_call_takes_the_slow_tokenizers_path_too(scorer, oracle, monkeypatch):
+    monkeypatch.setattr(scorer.tokenizer, "layout", None)  # the tokenizer truncates the pairs itself
+    got = scorer.predict(LONG_PAIRS, activation_fn=torch.nn.Identity(), max_length=16)
+    np.testing.assert_allclose(got, oracle.predict(LONG_PAIRS, activation_fn=torch.nn.Identity(), max_length=16),
+                               rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"max_length": 2}, ValueError, r"max_length=2 cannot hold the 3 special tokens of a pair; use max_length>=3"),
+    ({"max_length": 65}, ValueError, r"max_length=65 exceeds what BertForSequenceClassification can embed \(64 positions\)"),
+    ({"max_length": 16.0}, TypeError, "max_length must be an int"),
+    ({"processing_kwargs": {"text": {"padding": True}}}, ValueError, r"xenc_lab takes \{'text': \{'max_length': n\}\}"),
+    ({"processing_kwargs": {"text": {"truncation": "only_second"}}}, ValueError, "its only truncation"),
+    ({"processing_kwargs": {"image": {}}}, ValueError, "got {'image': {}}"),
+    ({"processing_kwargs": "max_length=16"}, TypeError, "processing_kwargs must be a dict"),
+    ({"device": ["cpu", "cpu"]}, TypeError, "device must be one device, the Scorer's"),
+    ({"device": "tpu"}, ValueError, "device must be 'cpu', 'cuda' or 'cuda:N'"),
+], ids=["below-specials", "beyond-positions", "float", "padding", "only-second", "image", "str", "device-list", "tpu"])
+def test_bad_per_call_options_are_refused_before_anything_runs(counted, kwargs, error, message):
+    scorer, spy = counted
+    with pytest.raises(error, match=message):
+        scorer.predict([("a", "b")], **kwargs)
+    assert spy.calls == 0
+
+
+def test_predict_and_rank_take_the_scorers_own_device_and_refuse_another(scorer, pairs):
+    np.testing.assert_array_equal(scorer.predict(pairs, device="cpu"), scorer.predict(pairs))
+    assert scorer.rank("q", ["a", "b"], device=torch.device("cpu")) == scorer.rank("q", ["a", "b"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU here"):
+            scorer.predict(pairs, device="cuda")
+
+
+# -- what the activation returns ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("activation, atol", [(lambda t: t.double(), ATOL), (lambda t: t.half(), 2e-3), (lambda t: t > 0, 0)],
+                         ids=["float64", "float16", "bool"])
+def test_numpy_scores_are_float32_whatever_the_activation_returns_as_the_oracles(scorer, oracle, scorer3, oracle3, pairs,
+                                                                                 activation, atol):
+    for ours, theirs in ((scorer, oracle), (scorer3, oracle3)):
+        got, want = ours.predict(pairs, activation_fn=activation), theirs.predict(pairs, activation_fn=activation)
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+        one = ours.predict(pairs[0], activation_fn=activation)
+        assert one.dtype == np.float32 and one.shape == theirs.predict(pairs[0], activation_fn=activation).shape
+
+
+def test_an_activation_leaving_one_column_of_several_labels_keeps_it_as_the_oracle(scorer3, oracle3, pairs):
+    first = lambda t: t[:, :1]
+    got, want = scorer3.predict(pairs, activation_fn=first), oracle3.predict(pairs, activation_fn=first)
+    assert got.shape == want.shape == (len(pairs), 1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+
+
+def test_no_pairs_on_a_several_label_model_give_an_empty_row_of_each_label(scorer3):
+    assert scorer3.predict([]).shape == (0, 3) and scorer3.predict([]).dtype == np.float32
+    assert scorer3.predict([], convert_to_tensor=True).shape == (0, 3)
+    assert scorer3.predict([], activation_fn=lambda t: t.double()).dtype == np.float32
+
+
+# -- input that is no list of pairs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("pairs, got", [
+    ([np.array("a")], r"got ndarray array\('a'"),
+    (torch.tensor([1, 2]), r"got Tensor tensor\(1\)"),
+    ([("a", "b"), "cd"], r"pair 1: expected a \(text_1, text_2\) pair of two str, got str 'cd'"),
+    (("a", "b", "c"), "got tuple of length 3"),
+], ids=["0d-array", "tensor", "str", "triple"])
+def test_an_element_that_is_no_pair_is_a_valueerror_naming_what_came(counted, pairs, got):
+    scorer, spy = counted
+    with pytest.raises(ValueError, match=got):
+        scorer.predict(pairs)
+    assert spy.calls == 0
+
+
+def test_sets_are_refused_as_they_have_no_order_for_the_scores_to_follow(scorer):
+    with pytest.raises(TypeError, match="in an order the scores can follow; got a set"):
+        scorer.predict({("a", "b"), ("c", "d")})
+    with pytest.raises(TypeError, match="in an order the scores can follow; got a frozenset"):
+        scorer.rank("q", frozenset({"a", "b"}))
+
+
+def test_bad_options_are_refused_before_an_iterator_of_pairs_is_consumed(scorer):
+    pairs = iter([("a", "b"), ("c", "d")])
+    with pytest.raises(ValueError, match="prompt_name 'nope'"):
+        scorer.predict(pairs, prompt_name="nope")
+    documents = iter(["a", "b"])
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        scorer.rank("q", documents, top_k=2.0)
+    with pytest.raises(ValueError, match="prompt_name 'nope'"):
+        scorer.rank("q", documents, prompt_name="nope")
+    assert len(list(pairs)) == 2 and len(list(documents)) == 2
+
+
+def test_a_prompt_and_a_prompt_name_together_warn_and_the_prompt_wins_as_in_the_oracle(scorer, pairs):
+    with pytest.warns(UserWarning, match="got both prompt and prompt_name='x': using prompt"):
+        got = scorer.predict(pairs, prompt="query: ", prompt_name="x")
+    np.testing.assert_array_equal(got, scorer.predict(pairs, prompt="query: "))

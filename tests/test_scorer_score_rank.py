@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 ATOL = 1e-5
 QUERY = "how tall is everest"
@@ -149,3 +150,18 @@ def test_rank_takes_a_numpy_top_k_and_ignores_the_old_flags_with_a_warning_like_
         scorer.rank(QUERY, DOCS, pool=object())
     with pytest.raises(TypeError):
         scorer.rank(QUERY, DOCS, 2, False, 8)  # options past return_documents are keyword-only
+
+
+def test_rank_takes_the_oracles_old_names_activation_fct_and_num_workers_with_a_warning(scorer, oracle):
+    identity = torch.nn.Identity()
+    with pytest.warns(FutureWarning, match="activation_fct"):
+        got = scorer.rank(QUERY, DOCS, activation_fct=identity)
+    assert got == scorer.rank(QUERY, DOCS, activation_fn=identity)
+    want = {r["corpus_id"]: r["score"] for r in oracle.rank(QUERY, DOCS, activation_fct=identity)}
+    # the raw logits (the oracle's duplicates differ in the last bits with their batch's padding: no exact ties there)
+    np.testing.assert_allclose([r["score"] for r in got], [want[r["corpus_id"]] for r in got], rtol=0, atol=ATOL)
+    assert min(r["score"] for r in got) < 0 < max(r["score"] for r in got), "logits, not sigmoid scores"
+    with pytest.warns(FutureWarning, match=r"ignores \['num_workers'\]"):
+        assert scorer.rank(QUERY, DOCS, num_workers=2) == scorer.rank(QUERY, DOCS)
+    with pytest.raises(TypeError, match="both activation_fn and activation_fct"):
+        scorer.rank(QUERY, DOCS, activation_fn=identity, activation_fct=identity)

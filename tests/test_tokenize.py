@@ -60,12 +60,19 @@ def test_pairs_get_the_tokenizers_own_ids_and_type_ids(pair_tokenizer, pairs, ma
     tok = pair_tokenizer(max_length)
     assert tok.layout is not None
     tok.tokenizer.truncation_side = side
-    ours = tok([a for a, _ in pairs], [b for _, b in pairs])
-    theirs = tok._tokenizer_call([a for a, _ in pairs], [b for _, b in pairs])
+    text_1, text_2 = [a for a, _ in pairs], [b for _, b in pairs]
+    ours = tok(text_1, text_2)
+    theirs = tok._tokenizer_call(text_1, text_2, max_length)
     assert ours.offsets.tolist() == theirs.offsets.tolist()
     assert ours.ids.tolist() == theirs.ids.tolist()
     assert ours.type_ids.tolist() == theirs.type_ids.tolist()
     assert ours.lengths.max() <= max_length
+    # a max_length for one call (predict's max_length=) cuts as a tokenizer built with it
+    wide = pair_tokenizer()
+    wide.tokenizer.truncation_side = side
+    per_call = wide(text_1, text_2, max_length)
+    assert per_call.ids.tolist() == ours.ids.tolist() and per_call.offsets.tolist() == ours.offsets.tolist()
+    assert per_call.type_ids.tolist() == ours.type_ids.tolist()
 
 
 def test_the_layout_is_read_from_the_post_processor(pair_tokenizer):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import reprlib
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +37,9 @@ def _is_single_pair(inputs) -> bool:
 def _split_pairs(pairs: list) -> tuple[list[str], list[str]]:
     text_1, text_2 = [], []
     for i, pair in enumerate(pairs):
-        if not isinstance(pair, (list, tuple, np.ndarray)) or len(pair) != 2:
-            got = f"{type(pair).__name__} of length {len(pair)}" if hasattr(pair, "__len__") else type(pair).__name__
+        sized = isinstance(pair, (list, tuple)) or (isinstance(pair, np.ndarray) and pair.ndim > 0)
+        if not sized or len(pair) != 2:
+            got = f"{type(pair).__name__} of length {len(pair)}" if sized else f"{type(pair).__name__} {reprlib.repr(pair)}"
             raise ValueError(f"pair {i}: expected a (text_1, text_2) pair of two str, got {got}")
         a, b = pair
         for side, text in ((1, a), (2, b)):
@@ -92,18 +94,7 @@ class Scorer:
         self.architecture = architecture_of(self.hf_config)
         self.save = read_cross_encoder_save(path)
         self.tokenizer = PairTokenizer(path, self.hf_config, cfg.max_length, trust_remote_code, self.save)
-        limit = position_limit(self.hf_config)
-        if limit is not None and self.tokenizer.max_length > limit:
-            raise ValueError(
-                f"max_length={self.tokenizer.max_length} exceeds what {self.architecture} can embed ({limit} "
-                f"positions); pass max_length<={limit}"
-            )
-        longest = pages_for(self.tokenizer.max_length, cfg.page_size) * cfg.page_size
-        if longest > cfg.max_batch_tokens:
-            raise ValueError(
-                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={self.tokenizer.max_length} "
-                f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
-            )
+        self._check_max_length(self.tokenizer.max_length, "pass")
         self.device = device
         if device.type == "cpu" and cfg.dtype in HALF_UNITS and native_half_units(cfg.dtype) is False:
             # Measured on MiniLM-L6 on an AVX2-only CPU, short pairs: bfloat16 0.96x, float16 0.97x float32's pairs/s.
@@ -153,11 +144,69 @@ class Scorer:
         )
 
     # -- the engine ---------------------------------------------------------------------------------
+    def _check_max_length(self, max_length: int, remedy: str) -> None:
+        """Refuse a max_length the position table cannot embed (sentence-transformers would fail on the first pair
+        that long) or one pair of which the token budget cannot hold. ``remedy``: "pass" (to the Scorer) or "use"
+        (per call), for the message."""
+        limit = position_limit(self.hf_config)
+        if limit is not None and max_length > limit:
+            raise ValueError(
+                f"max_length={max_length} exceeds what {self.architecture} can embed ({limit} positions); "
+                f"{remedy} max_length<={limit}"
+            )
+        cfg = self.config
+        longest = pages_for(max_length, cfg.page_size) * cfg.page_size
+        if longest > cfg.max_batch_tokens:
+            raise ValueError(
+                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={max_length} "
+                f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
+            )
+
+    def _call_max_length(self, max_length, processing_kwargs) -> int | None:
+        """A per-call max_length, as CrossEncoder.predict takes it: ``max_length=n`` or
+        ``processing_kwargs={"text": {"max_length": n}}`` (which wins, as there). None: the Scorer's own."""
+        if processing_kwargs is not None:
+            if not isinstance(processing_kwargs, dict):
+                raise TypeError(f"processing_kwargs must be a dict such as {{'text': {{'max_length': 256}}}}, "
+                                f"got {type(processing_kwargs).__name__}")
+            text = processing_kwargs.get("text", {})
+            if (set(processing_kwargs) - {"text"} or not isinstance(text, dict) or set(text) - {"max_length", "truncation"}
+                    or text.get("truncation", True) not in (True, "longest_first")):
+                raise ValueError(
+                    "processing_kwargs: xenc_lab takes {'text': {'max_length': n}} (with truncation True or "
+                    f"'longest_first', its only truncation), got {processing_kwargs!r}"
+                )
+            max_length = text.get("max_length", max_length)
+        if max_length is None:
+            return None
+        max_length = whole_number("max_length", max_length)
+        if max_length < self.tokenizer.specials:
+            raise ValueError(f"max_length={max_length} cannot hold the {self.tokenizer.specials} special tokens of a "
+                             f"pair; use max_length>={self.tokenizer.specials}")
+        self._check_max_length(max_length, "use")
+        return max_length
+
+    def _check_call_device(self, device) -> None:
+        """CrossEncoder.predict's ``device``: here only the Scorer's own (None, or the same device)."""
+        if device is None:
+            return
+        if isinstance(device, (list, tuple)):
+            raise TypeError(f"device must be one device, the Scorer's ({self.device}): xenc_lab does not spread a call "
+                            f"over several; got {device!r}")
+        wanted = resolve_device(device)
+        index = lambda d: d.index if d.index is not None or d.type != "cuda" else torch.cuda.current_device()
+        if (wanted.type, index(wanted)) != (self.device.type, index(self.device)):
+            raise ValueError(f"device={str(device)!r}: this Scorer runs on {self.device}; build a Scorer with "
+                             f"device={str(device)!r} to score there")
+
     def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         # CrossEncoder's rule: an explicit prompt, else a named one, else the save's default prompt.
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be str, got {type(prompt).__name__}")
+            if prompt_name is not None:
+                warnings.warn(f"got both prompt and prompt_name={prompt_name!r}: using prompt, as sentence-transformers "
+                              "does; pass one of them", stacklevel=3)
             return prompt
         if prompt_name is not None:
             if prompt_name not in self.save.prompts:
@@ -165,16 +214,17 @@ class Scorer:
             return self.save.prompts[prompt_name]
         return self.save.prompts.get(self.save.default_prompt_name) if self.save.default_prompt_name else None
 
-    def _tokenized_windows(self, text_1: list[str], text_2: list[str]):
+    def _tokenized_windows(self, text_1: list[str], text_2: list[str], max_length: int | None = None):
         """Yield (start, Encodings) per window of pairs; the next window is tokenized in a background
         thread while the caller runs the model on this one (the tokenizer releases the GIL)."""
         starts = range(0, len(text_1), WINDOW)
+        window = lambda start: (text_1[start : start + WINDOW], text_2[start : start + WINDOW], max_length)
         if len(starts) <= 1 or not self.overlap_tokenization:
             for start in starts:
-                yield start, self.tokenizer(text_1[start : start + WINDOW], text_2[start : start + WINDOW])
+                yield start, self.tokenizer(*window(start))
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xenc-tokenize") as pool:
-            submit = lambda start: pool.submit(self.tokenizer, text_1[start : start + WINDOW], text_2[start : start + WINDOW])
+            submit = lambda start: pool.submit(self.tokenizer, *window(start))
             pending = submit(starts[0])
             for i, start in enumerate(starts):
                 enc = pending.result()
@@ -188,8 +238,10 @@ class Scorer:
         batch_size: int | None = None,
         show_progress_bar: bool | None = None,
         prompt: str | None = None,
+        max_length: int | None = None,
     ) -> torch.Tensor:
-        """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1.
+        """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1;
+        ``max_length`` (checked by the caller) truncates the pairs instead of the Scorer's own.
 
         The logits gather on the model's device and come back in one copy at the end: on CUDA the host packs the
         next batch while the GPU runs this one (a copy back per batch would wait for each)."""
@@ -202,7 +254,7 @@ class Scorer:
             show_progress_bar = n >= 2048
         cfg = self.config
         with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
-            for start, enc in self._tokenized_windows(text_1, text_2):
+            for start, enc in self._tokenized_windows(text_1, text_2, max_length):
                 for pairs_idx in plan_batches(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
                     shape = None
                     if self.runner.static_shapes:
@@ -226,7 +278,10 @@ class Scorer:
         convert_to_tensor: bool = False,
         prompt_name: str | None = None,
         prompt: str | None = None,
-        **old_names,
+        max_length: int | None = None,
+        processing_kwargs: dict | None = None,
+        device: str | torch.device | None = None,
+        **other_names,
     ):
         """Scores of (text_1, text_2) pairs: float32 array of shape (N,) for one label, (N, num_labels) else.
 
@@ -234,24 +289,28 @@ class Scorer:
         (num_labels,) array); ``convert_to_tensor`` a tensor on the model's device; ``convert_to_numpy=False``
         a list of tensors. ``batch_size`` caps the pairs per batch; the token budget caps it anyway.
         ``prompt`` / ``prompt_name`` (or a save's default prompt) is prepended to every text_1, as there.
-        The names sentence-transformers still takes from before v5, ``sentences`` and ``activation_fct``
-        (and ``num_workers``, ignored), work with a warning. Options are keyword-only: sentence-transformers
-        v6 takes ``prompt_name`` second, earlier versions ``batch_size``.
+        ``max_length`` (or ``processing_kwargs={"text": {"max_length": n}}``) truncates this call's pairs to n
+        tokens instead of the Scorer's max_length; ``device`` may name the Scorer's own device only.
+        sentence-transformers v6's name for the pairs, ``inputs``, works too; its names from before v5,
+        ``sentences`` and ``activation_fct`` (and ``num_workers``, ignored), work with a warning. Options are
+        keyword-only: sentence-transformers v6 takes ``prompt_name`` second, earlier versions ``batch_size``.
         """
-        pairs, activation_fn = _old_predict_names(pairs, activation_fn, old_names)
+        pairs, activation_fn = _predict_names(pairs, activation_fn, other_names)
         if batch_size is not None:
             batch_size = whole_number("batch_size", batch_size, optional=True)
         _check_flags(show_progress_bar=show_progress_bar, apply_softmax=apply_softmax,
                      convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor)
         if activation_fn is not None and not callable(activation_fn):
             raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
-        if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
-            raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got {type(pairs).__name__}")
+        self._check_call_device(device)
+        max_length = self._call_max_length(max_length, processing_kwargs)
+        prompt = self._resolve_prompt(prompt, prompt_name)  # before an iterator of pairs is consumed
+        _check_ordered("pairs", pairs, "a (text_1, text_2) pair or a list of them")
         if isinstance(pairs, np.ndarray) and pairs.ndim == 0:
             raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got a 0-d array {pairs!r}")
         single = _is_single_pair(pairs)
-        pairs = [list(pairs)] if single else list(pairs)
-        logits = self.logits(pairs, batch_size, show_progress_bar, self._resolve_prompt(prompt, prompt_name))
+        pairs = [pairs] if single else list(pairs)
+        logits = self.logits(pairs, batch_size, show_progress_bar, prompt, max_length)
         scores = to_scores(logits, self.activation_fn if activation_fn is None else activation_fn, apply_softmax)
         if single:
             scores = scores[0]
@@ -260,7 +319,8 @@ class Scorer:
         if not convert_to_numpy:
             scores = scores.to(self.device)
             return scores if single else list(scores)
-        return scores.numpy() if scores.ndim else np.float32(scores.item())
+        # float32 whatever the activation returns, as there
+        return scores.float().numpy() if scores.ndim else np.float32(scores.item())
 
     __call__ = predict
 
@@ -297,33 +357,35 @@ class Scorer:
         activation_fn: Callable | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        device: str | torch.device | None = None,
         **old_names,
     ) -> list[dict]:
         """sentence-transformers' rank: [{corpus_id, score(, text)}] sorted by score, ties in corpus order.
 
-        ``apply_softmax``, ``convert_to_numpy`` and ``convert_to_tensor``, which sentence-transformers v6 still
-        takes and ignores, are ignored here too, with a warning."""
-        _ignore_old_rank_names(old_names)
+        ``apply_softmax``, ``convert_to_numpy``, ``convert_to_tensor`` and ``num_workers``, which
+        sentence-transformers v6 still takes and ignores, are ignored here too, with a warning; its old name
+        ``activation_fct`` works with a warning. ``device`` may name the Scorer's own device only."""
+        activation_fn = _rank_names(activation_fn, old_names)
         if self.num_labels != 1:
             raise ValueError(f"rank() needs a one-label model; this one has {self.num_labels} labels")
         if not isinstance(query, str):
             raise TypeError(f"query must be str, got {type(query).__name__}")
-        if isinstance(documents, (str, bytes)) or not hasattr(documents, "__iter__"):
-            raise TypeError(f"documents must be a list of str, got {type(documents).__name__}")
-        documents = list(documents)
+        _check_ordered("documents", documents, "a list of str")
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
                 raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
             top_k = int(top_k)
         _check_flags(return_documents=return_documents)
+        self._check_call_device(device)
+        prompt = self._resolve_prompt(prompt, prompt_name)  # before an iterator of documents is consumed
+        documents = list(documents)
         scores = self.predict(
             [[query, doc] for doc in documents],
             batch_size=batch_size,
             show_progress_bar=show_progress_bar,
             activation_fn=activation_fn,
             convert_to_tensor=True,
-            prompt_name=prompt_name,
-            prompt=prompt,
+            prompt="" if prompt is None else prompt,
         ).tolist()
         results = [{"corpus_id": i, "score": s} for i, s in enumerate(scores)]
         if return_documents:
@@ -342,31 +404,52 @@ def _unexpected(method: str, names) -> TypeError:
     return TypeError(f"{method}() got unexpected keyword argument(s) {sorted(names)}")
 
 
-def _old_predict_names(pairs, activation_fn, old: dict):
-    """``sentences``, ``activation_fct`` and ``num_workers``: CrossEncoder.predict's names before v5."""
-    unknown = set(old) - {"sentences", "activation_fct", "num_workers"}
+def _predict_names(pairs, activation_fn, other: dict):
+    """sentence-transformers' other names for predict's arguments: v6's ``inputs`` for the pairs, and from before
+    v5 ``sentences``, ``activation_fct`` and ``num_workers`` (ignored), the old ones with a warning."""
+    unknown = set(other) - {"inputs", "sentences", "activation_fct", "num_workers"}
     if unknown:
         raise _unexpected("predict", unknown)
+    old = [name for name in other if name != "inputs"]
     if old:
         hints = {"sentences": "use pairs=", "activation_fct": "use activation_fn=", "num_workers": "ignored"}
         warnings.warn("predict() took old sentence-transformers names: "
                       + ", ".join(f"{name} ({hints[name]})" for name in old), FutureWarning, stacklevel=3)
-    if "sentences" in old:
-        if pairs is not None:
-            raise TypeError("predict() got both pairs and sentences; pass pairs alone")
-        pairs = old["sentences"]
-    if "activation_fct" in old:
+    given = [name for name in ("inputs", "sentences") if name in other] + (["pairs"] if pairs is not None else [])
+    if len(given) > 1:
+        raise TypeError(f"predict() got the pairs under several names ({', '.join(sorted(given))}); pass pairs alone")
+    if given and given[0] != "pairs":
+        pairs = other[given[0]]
+    if "activation_fct" in other:
         if activation_fn is not None:
             raise TypeError("predict() got both activation_fn and activation_fct; pass activation_fn alone")
-        activation_fn = old["activation_fct"]
+        activation_fn = other["activation_fct"]
     if pairs is None:
         raise TypeError("predict() needs pairs: a (text_1, text_2) pair or a list of them")
     return pairs, activation_fn
 
 
-def _ignore_old_rank_names(old: dict) -> None:
-    unknown = set(old) - {"apply_softmax", "convert_to_numpy", "convert_to_tensor"}
+def _rank_names(activation_fn, old: dict):
+    """rank's arguments sentence-transformers v6 still takes and ignores (``apply_softmax``, ``convert_to_numpy``,
+    ``convert_to_tensor``, ``num_workers``), and the old name ``activation_fct``: each with a warning."""
+    unknown = set(old) - {"apply_softmax", "convert_to_numpy", "convert_to_tensor", "num_workers", "activation_fct"}
     if unknown:
         raise _unexpected("rank", unknown)
-    if old:
-        warnings.warn(f"rank() ignores {sorted(old)}, as sentence-transformers v6 does", FutureWarning, stacklevel=3)
+    ignored = sorted(set(old) - {"activation_fct"})
+    if ignored:
+        warnings.warn(f"rank() ignores {ignored}, as sentence-transformers v6 does", FutureWarning, stacklevel=3)
+    if "activation_fct" in old:
+        if activation_fn is not None:
+            raise TypeError("rank() got both activation_fn and activation_fct; pass activation_fn alone")
+        warnings.warn("rank() took the old sentence-transformers name activation_fct: use activation_fn=",
+                      FutureWarning, stacklevel=3)
+        activation_fn = old["activation_fct"]
+    return activation_fn
+
+
+def _check_ordered(name: str, value, expected: str) -> None:
+    """``value`` must be an ordered iterable (not a str, a set or a dict): scores come back in its order."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    if isinstance(value, (set, frozenset, dict)):
+        raise TypeError(f"{name} must be {expected}, in an order the scores can follow; got a {type(value).__name__}")

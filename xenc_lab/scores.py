@@ -52,11 +52,12 @@ def default_activation(config: PretrainedConfig, save: CrossEncoderSave, trust_r
 
 
 def to_scores(logits: torch.Tensor, activation: Callable, apply_softmax: bool) -> torch.Tensor:
-    """(N, num_labels) logits -> (N,) scores for one label, else (N, num_labels)."""
+    """(N, num_labels) logits -> (N,) scores for one label, else (N, num_labels). The activation sees all N rows
+    at once (CrossEncoder applies it a batch at a time: the same for any activation that works row by row)."""
     scores = activation(logits.float())
     if not isinstance(scores, torch.Tensor):
         raise TypeError(f"activation_fn must map the logits tensor to a torch.Tensor, got {type(scores).__name__}")
-    if scores.ndim > 1 and scores.shape[-1] == 1:
+    if logits.shape[-1] == 1 and scores.ndim > 1:  # a one-label model's column, whatever the activation returns
         scores = scores.squeeze(-1)
     if apply_softmax and scores.ndim > 1:
         scores = torch.softmax(scores, dim=1)

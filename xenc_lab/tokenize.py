@@ -162,12 +162,15 @@ class PairTokenizer:
         if not any(isinstance(n, Lowercase) for n in parts):
             backend.normalizer = NormalizerSequence([Lowercase()] + [n for n in parts if n is not None])
 
-    def __call__(self, text_1: list[str], text_2: list[str]) -> Encodings:
+    def __call__(self, text_1: list[str], text_2: list[str], max_length: int | None = None) -> Encodings:
+        """The pairs' ids, truncated to ``max_length`` tokens (default: the tokenizer's, ``self.max_length``)."""
         assert len(text_1) == len(text_2), (len(text_1), len(text_2))
+        max_length = self.max_length if max_length is None else max_length
+        assert max_length >= self.specials, (max_length, self.specials)
         layout = self.layout
         if layout is None:
-            return self._tokenizer_call(text_1, text_2)
-        budget = self.max_length - self.specials
+            return self._tokenizer_call(text_1, text_2, max_length)
+        budget = max_length - self.specials
         from_left = self.tokenizer.truncation_side == "left"
         n = len(text_1)
         rows, kept = [], np.empty((n, 2), dtype=np.int64)
@@ -187,12 +190,13 @@ class PairTokenizer:
         ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
         return Encodings(ids, layout.type_ids(kept) if self.emits_token_type_ids else None, offsets)
 
-    def _tokenizer_call(self, text_1: list[str], text_2: list[str]) -> Encodings:
+    def _tokenizer_call(self, text_1: list[str], text_2: list[str], max_length: int) -> Encodings:
         """The pairs as CrossEncoder tokenizes them: the tokenizer truncates them itself."""
         out = self.tokenizer(
             text_1,
             text_2,
             truncation="longest_first",
+            max_length=max_length,
             padding=False,
             return_attention_mask=False,
             return_token_type_ids=None,
