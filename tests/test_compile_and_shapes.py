@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xenc_lab import Scorer
-from xenc_lab.batch import pack
-from xenc_lab.pages import bucket_shape, pages_for, plan_batches
+from xenc_lab.batch import MIN_SEQUENCES, pack
+from xenc_lab.pages import ATTENTION_ALIGN, bucket_shape, pages_for, plan_batches
+from xenc_lab.tokenize import Encodings
 from xenc_lab.workloads import make_pairs
 
 from .conftest import PAIRS
@@ -17,17 +18,23 @@ from .conftest import PAIRS
 
 @given(
     lengths=st.lists(st.integers(1, 512), min_size=1, max_size=64),
-    page_size=st.sampled_from([1, 8, 16, 64]),
+    page_size=st.sampled_from([1, 4, 8, 12, 16, 64]),
+    budget=st.sampled_from([1000, 4096, 8192]),
 )
-def test_bucket_shape_holds_the_batch_in_whole_pages_within_the_budget(lengths, page_size):
-    max_pages = pages_for(8192, page_size)
+def test_bucket_shape_holds_the_batch_in_whole_pages_within_the_budget(lengths, page_size, budget):
+    max_pages = pages_for(budget, page_size)
     tokens, pairs, longest = sum(lengths), len(lengths), max(lengths)
     if pages_for(tokens, page_size) > max_pages:
         return
     T, B, L = bucket_shape(tokens, pairs, longest, page_size, max_pages)
     assert T >= tokens and T % page_size == 0 and T <= max_pages * page_size
     assert B >= pairs and B < 2 * pairs
-    assert L > longest and L % page_size == 0 and L <= 2 * max(longest, page_size) + page_size
+    # L holds the slot past the longest pair that pack lays out, in its alignment, whatever the page size
+    assert L >= pages_for(longest + 1, ATTENTION_ALIGN) * ATTENTION_ALIGN and L % ATTENTION_ALIGN == 0
+    assert L <= 2 * max(longest, page_size) + page_size + ATTENTION_ALIGN
+    enc = Encodings(np.ones(tokens, dtype=np.int64), None, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    batch = pack(enc, np.arange(pairs), page_size, 0, (T, B, L))
+    assert (batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen) == (T, max(B, MIN_SEQUENCES), L)
 
 
 def test_a_long_mixed_run_meets_a_handful_of_shapes():
@@ -65,10 +72,12 @@ def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_sha
     assert compiled.runner.graphs == graphs and len(compiled.runner.shapes) > len(shapes)
 
 
-def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_of_options():
+def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_of_options(monkeypatch):
     """Runs anywhere: torch.compile refuses a mode and options together, at the call, before any GPU is touched."""
+    from xenc_lab import runner
     from xenc_lab.runner import ModelRunner
 
+    monkeypatch.setattr(runner, "flash_capable", lambda device: True)  # the one GPU query at load
     cuda = ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda"), compile=True)
     assert cuda.static_shapes and cuda.compile_options["triton.cudagraphs"] is True
     cpu = ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"), compile=True)
@@ -120,12 +129,18 @@ def test_varlen_takes_a_scale_and_a_window_only_where_torchs_varlen_attn_has_the
     monkeypatch.setattr(layers, "_varlen_attn", lambda *args, **kwargs: calls.append(kwargs))
     monkeypatch.setattr(layers, "_VARLEN_TAKES_SCALE", False)
     monkeypatch.setattr(layers, "_VARLEN_TAKES_WINDOW", False)
-    half_on_cuda = SimpleNamespace(is_cuda=True, dtype=torch.float16)
+    monkeypatch.setattr(layers, "_FLASH_CAPABLE", {0: True, 1: False})  # an Ampere-or-newer GPU and an older one
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    half_on_cuda = SimpleNamespace(is_cuda=True, dtype=torch.float16, device=cuda0)
     assert layers._use_varlen(half_on_cuda, None, None, 64) and layers._use_varlen(half_on_cuda, None, 64**-0.5, 64)
     assert not layers._use_varlen(half_on_cuda, None, 0.1, 64)  # another scale: the padded SDPA path
     assert not layers._use_varlen(half_on_cuda, 128, None, 64)  # sliding window
-    assert not layers._use_varlen(SimpleNamespace(is_cuda=True, dtype=torch.float32), None, None, 64)
-    assert not layers._use_varlen(SimpleNamespace(is_cuda=False, dtype=torch.float16), None, None, 64)
+    assert not layers._use_varlen(SimpleNamespace(is_cuda=True, dtype=torch.float32, device=cuda0), None, None, 64)
+    assert not layers._use_varlen(SimpleNamespace(is_cuda=False, dtype=torch.float16, device=cuda0), None, None, 64)
+    # flash attention needs compute capability 8.0 and a head dim that is a multiple of 8, at most 256
+    assert not layers._use_varlen(SimpleNamespace(is_cuda=True, dtype=torch.float16, device=cuda1), None, None, 64)
+    assert layers._use_varlen(half_on_cuda, None, None, 256) and not layers._use_varlen(half_on_cuda, None, None, 320)
+    assert not layers._use_varlen(half_on_cuda, None, None, 36)
     layers._varlen(None, None, None, None, None, 1, 1, 64**-0.5)
     monkeypatch.setattr(layers, "_VARLEN_TAKES_SCALE", True)
     monkeypatch.setattr(layers, "_VARLEN_TAKES_WINDOW", True)
@@ -133,3 +148,67 @@ def test_varlen_takes_a_scale_and_a_window_only_where_torchs_varlen_attn_has_the
     layers._varlen(None, None, None, None, None, 1, 1, 0.1)
     layers._varlen(None, None, None, None, None, 1, 1, None, 128)  # |i - j| <= 64 on either side
     assert calls == [{}, {"scale": 0.1}, {"window_size": (64, 64)}]
+
+
+def test_flash_capability_is_read_once_per_device_from_its_compute_capability(monkeypatch):
+    from xenc_lab import layers
+
+    reads = []
+    monkeypatch.setattr(layers, "_FLASH_CAPABLE", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: reads.append(i) or {0: (9, 0), 1: (7, 5)}[i])
+    assert layers.flash_capable(torch.device("cuda", 0)) and not layers.flash_capable(torch.device("cuda", 1))
+    assert layers.flash_capable(torch.device("cuda", 0)) and reads == [0, 1]
+
+
+@pytest.fixture
+def varlen_on_cpu(monkeypatch):
+    """A function that sends attention to torch's own varlen_attn wherever it runs, its op given a CPU kernel here
+    (the stand-in of test_layers): the CUDA path's glue, through the real wrapper and op as torch.compile sees
+    them. Returns the kernel's calls."""
+    from torch.nn.attention import varlen
+
+    from xenc_lab import layers
+
+    from .test_layers import varlen_attn_on_the_cpu
+
+    calls = []
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, scale=None, window_size=None, enable_gqa=False,
+               seqused_k=None, block_table=None, num_splits=None):
+        assert not is_causal and not enable_gqa and seqused_k is None and block_table is None
+        calls.append((max_q, max_k))
+        window = tuple(window_size) if window_size is not None else (-1, -1)
+        out = varlen_attn_on_the_cpu(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window)
+        return out, q.new_zeros(q.shape[1], q.shape[0], dtype=torch.float32), q.new_zeros(2, dtype=torch.uint64)
+
+    def enable():
+        varlen._varlen_attn.register_kernel("cpu")(kernel)  # only calls that would fail otherwise reach it
+        monkeypatch.setattr(layers, "packed_attention_cpu", lambda *args, **kwargs: None)
+        monkeypatch.setattr(layers, "_use_varlen", lambda x, window, scale, head_dim: True)
+        monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "projected")  # the first-token attention CUDA runs
+        return calls
+
+    return enable
+
+
+def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compiled_equals_the_cpu_path(
+        tiny_dir, varlen_on_cpu):
+    """What CUDA runs, but for CUDA graphs and flash attention's own kernel: torch's varlen_attn on the packed
+    stream, the first-token attention, batches padded to bucket shapes, and torch.compile over them with symbolic
+    sizes. Filler sequences in a bucket come back NaN from the stand-in: no pair may read them. The tolerance is
+    float32's: SDPA per pair sums in another order than the CPU kernel, and the last layer projects its keys and
+    values here instead of folding them (1.2e-5 seen on logits up to 6)."""
+    ATOL = 5e-5
+    pairs = PAIRS + make_pairs("mixed", 40, seed=4)
+    want = Scorer(tiny_dir, device="cpu").predict(pairs, activation_fn=torch.nn.Identity())  # the CPU path
+    calls = varlen_on_cpu()
+    eager = Scorer(tiny_dir, device="cpu", max_batch_tokens=256)
+    np.testing.assert_allclose(eager.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
+    assert calls, "attention must have run through varlen_attn"
+    eager.runner.static_shapes = True  # pad to bucket shapes, as compile=True on CUDA does
+    np.testing.assert_allclose(eager.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
+    compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
+    compiled.runner.static_shapes = True
+    calls.clear()
+    np.testing.assert_allclose(compiled.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
+    assert calls and compiled.runner.graphs <= 2 < len(compiled.runner.shapes)

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .pages import pages_for
+from .pages import ATTENTION_ALIGN, pages_for
 from .tokenize import Encodings
 
-ATTENTION_ALIGN = 8  # the per-pair attention layout's length L is a multiple of this (measured: 8 beats 1 and 16)
 # A batch has at least this many sequences (filler past the pairs): the last layer's GEMMs run over one row
 # per sequence, and MKL rounds GEMMs of fewer than about 12 rows differently from the large ones (measured),
 # which would make a pair's score depend on its batchmates and on its row.

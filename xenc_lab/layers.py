@@ -74,8 +74,24 @@ _VARLEN_TAKES_SCALE = "scale" in _VARLEN_ARGS
 _VARLEN_TAKES_WINDOW = "window_size" in _VARLEN_ARGS
 
 
+_FLASH_CAPABLE: dict[int, bool] = {}  # CUDA device index -> whether torch's flash attention runs there
+
+
+def flash_capable(device: torch.device) -> bool:
+    """Whether torch's flash attention (which ``varlen_attn`` calls) runs on this CUDA device: compute capability
+    8.0 (Ampere) or newer. Read once per device; the runner reads it at load, before any forward is traced."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _FLASH_CAPABLE:
+        _FLASH_CAPABLE[index] = torch.cuda.get_device_capability(index) >= (8, 0)
+    return _FLASH_CAPABLE[index]
+
+
 def _use_varlen(x: torch.Tensor, window: int | None, scale: float | None, head_dim: int) -> bool:
+    """Whether attention on ``x`` runs in torch's flash varlen kernel: half precision on a CUDA GPU that has flash
+    attention, head dims it takes (multiples of 8 up to 256), and a scale and window this torch can pass to it."""
     if _varlen_attn is None or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if head_dim % 8 or head_dim > 256 or not flash_capable(x.device):
         return False
     if window is not None and not _VARLEN_TAKES_WINDOW:
         return False

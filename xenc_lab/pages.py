@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 ATTENTION_SLACK = 1.1  # padded attention slots per real token a batch may hold
+ATTENTION_ALIGN = 8  # the per-pair attention layout's length L is a multiple of this (measured: 8 beats 1 and 16)
 
 
 def pages_for(tokens: int, page_size: int) -> int:
@@ -55,12 +56,13 @@ def _round_up(n: int, step: int) -> int:
 def bucket_shape(tokens: int, pairs: int, longest: int, page_size: int, max_pages: int) -> tuple[int, int, int]:
     """Quantize a batch's (tokens, pairs, attention length) to a few shapes, for compiled forwards.
 
-    Tokens go up to a multiple of an eighth of the budget, pairs up to a power of two, and the attention
-    length (which keeps a slot past the longest pair, see batch.pack) up to a power of two pages: a long
-    run meets a handful of shapes, and the filler costs at most an eighth of the per-token work.
+    Tokens go up to a multiple of an eighth of the budget (never past it), pairs up to a power of two, and the
+    attention length (which keeps a slot past the longest pair, see batch.pack) up to a power of two pages, then to
+    a multiple of ATTENTION_ALIGN: a long run meets a handful of shapes, and the filler costs at most an eighth of
+    the per-token work.
     """
-    pages = _round_up(pages_for(tokens, page_size), max(1, max_pages // 8))
+    pages = min(_round_up(pages_for(tokens, page_size), max(1, max_pages // 8)), max_pages)
     length_pages = 1 << (pages_for(longest, page_size) - 1).bit_length()
     if length_pages * page_size <= longest:  # a pair exactly a power of two pages long: one more page
         length_pages += 1
-    return pages * page_size, 1 << (pairs - 1).bit_length(), length_pages * page_size
+    return pages * page_size, 1 << (pairs - 1).bit_length(), _round_up(length_pages * page_size, ATTENTION_ALIGN)

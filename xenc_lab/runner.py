@@ -11,6 +11,7 @@ from torch import nn
 
 from .batch import PackedBatch
 from .config import env_choice
+from .layers import flash_capable
 
 CUDA_COMPILES = ("dynamic", "static")
 
@@ -72,6 +73,8 @@ class ModelRunner:
         self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
         if device.type == "cpu":
             keep_freed_batches()
+        else:
+            flash_capable(device)  # read now, not while a forward is traced
         self.graphs = 0  # graphs compiled for this model
         self.compile_seconds = 0.0  # time of the calls that compiled one
 
