@@ -221,3 +221,12 @@ def test_machine_names_the_cpu_by_family_and_model_and_its_16_bit_units(monkeypa
     sapphire = CpuInfo("GenuineIntel", "Xeon", frozenset({"avx512_bf16", "avx512_fp16"}))  # family unknown
     monkeypatch.setattr(bench, "cpu_info", lambda: sapphire)
     assert bench.machine().startswith("Xeon, ") and "AVX512-BF16, AVX512-FP16" in bench.machine()
+
+
+def test_machine_names_the_versions_of_the_peer_the_ratios_are_against():
+    import sentence_transformers
+    import transformers
+
+    line = bench.machine()
+    assert f", torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}, " in line
+    assert line.endswith(f", transformers {transformers.__version__}")

@@ -9,6 +9,7 @@ sentence-transformers' own at that dtype.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import statistics
 import time
@@ -346,12 +347,22 @@ def device_name(device: str | torch.device = "cuda") -> str:
             f"CUDA {torch.version.cuda})")
 
 
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def machine(device: str | torch.device = "cpu") -> str:
+    """The machine and the software a report's ratios belong to: CPU (or GPU and host), threads, bf16 units, and
+    the versions of torch and of the peer, sentence-transformers with its transformers."""
     info = cpu_info()
     cpu, flags = info.model + (f" ({info.family})" if info.family else ""), info.flags
     units = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512_fp16", "AVX512-FP16"))
     bf16 = ", ".join(name for flag, name in units if flag in flags) or "no bf16 units"
-    host = f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}"
+    peers = ", ".join(f"{name} {_version(name)}" for name in ("sentence-transformers", "transformers"))
+    host = f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}, {peers}"
     if torch.device(device).type == "cuda":
         return f"{device_name(device)}; host {host}"
     return host
