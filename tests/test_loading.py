@@ -202,3 +202,175 @@ def test_native_half_units_are_read_from_the_cpu_flags(monkeypatch, machine, fla
     monkeypatch.setattr(cpuinfo, "cpu_info", lambda: info)
     monkeypatch.setattr(cpuinfo.platform, "machine", lambda: machine)
     assert {dtype: cpuinfo.native_half_units(dtype) for dtype in expected} == expected
+
+
+# -- which files, and a CrossEncoder save's own settings, as CrossEncoder reads them -----------------------------------
+PAIRS = [("how tall is everest", "Everest is 8,849 m high."), ("q", "d"), ("a query about rivers", "the river flows " * 40)]
+
+
+def _scores_alike(path, **scorer_kwargs):
+    """Our scores and CrossEncoder's on ``path``: equal, and returned."""
+    from sentence_transformers import CrossEncoder
+
+    ours = Scorer(path, device="cpu", **scorer_kwargs).predict(PAIRS)
+    np.testing.assert_allclose(ours, CrossEncoder(str(path), device="cpu").predict(PAIRS), rtol=0, atol=1e-5)
+    return ours
+
+
+@pytest.fixture
+def save(tmp_path, tiny_dir):
+    """A CrossEncoder save of the tiny model, as sentence-transformers writes it."""
+    from sentence_transformers import CrossEncoder
+
+    target = tmp_path / "save"
+    CrossEncoder(str(tiny_dir), device="cpu").save_pretrained(str(target))
+    return target
+
+
+def _edit_json(path, **changes):
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_other_safetensors_files_beside_the_model_s_are_never_read(copy_of, scorer):
+    want = scorer.predict(PAIRS)
+    state = load_file(copy_of / "model.safetensors")
+    save_file({k: v * 3 if v.is_floating_point() else v for k, v in state.items()}, copy_of / "old_model.safetensors")
+    save_file({k: v * 5 if v.is_floating_point() else v for k, v in state.items()}, copy_of / "model_1.safetensors")
+    np.testing.assert_array_equal(Scorer(copy_of, device="cpu").predict(PAIRS), want)
+    np.testing.assert_allclose(_scores_alike(copy_of), want, rtol=0, atol=1e-6)
+
+
+def test_sharded_weights_are_read_from_the_shards_the_index_names(copy_of, scorer):
+    state = load_file(copy_of / "model.safetensors")
+    (copy_of / "model.safetensors").unlink()
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in shards.items():
+        save_file({k: state[k] for k in keys}, copy_of / file)
+    save_file({k: v * 3 for k, v in state.items() if v.is_floating_point()}, copy_of / "stray.safetensors")
+    index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (copy_of / "model.safetensors.index.json").write_text(json.dumps(index))
+    np.testing.assert_allclose(_scores_alike(copy_of), scorer.predict(PAIRS), rtol=0, atol=1e-6)
+
+
+def test_weights_under_another_name_alone_are_refused_naming_what_was_found(copy_of):
+    (copy_of / "model.safetensors").rename(copy_of / "weights.safetensors")
+    with pytest.raises(ValueError, match=r"no model.safetensors .* \(found weights.safetensors: name the model's weights"):
+        Scorer(copy_of, device="cpu")
+
+
+def test_a_saved_processing_kwargs_max_length_truncates_like_the_oracle(tmp_path, tiny_dir):
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+
+    module = Transformer(str(tiny_dir), transformer_task="sequence-classification",
+                         processing_kwargs={"text": {"max_length": 16}})
+    CrossEncoder(modules=[module], device="cpu").save(str(tmp_path / "save"))  # sentence-transformers writes the key
+    assert "processing_kwargs" in json.loads((tmp_path / "save" / "sentence_bert_config.json").read_text())
+    got = _scores_alike(tmp_path / "save")
+    assert Scorer(tmp_path / "save", device="cpu").max_length == 16
+    assert abs(got[2] - Scorer(tiny_dir, device="cpu").predict(PAIRS)[2]) > 1e-3, "the long pair must be cut"
+    with pytest.raises(ValueError, match=r"sentence_bert_config.json's processing_kwargs: xenc_lab takes"):
+        _edit_json(tmp_path / "save" / "sentence_bert_config.json", processing_kwargs={"text": {"truncation": False}})
+        Scorer(tmp_path / "save", device="cpu")
+
+
+@pytest.mark.parametrize("key", ["processor_kwargs", "tokenizer_args"])
+def test_a_saved_tokenizer_argument_sets_max_length_like_the_oracle(save, key):
+    _edit_json(save / "sentence_bert_config.json", **{key: {"model_max_length": 16, "trust_remote_code": True}})
+    _scores_alike(save)
+    assert Scorer(save, device="cpu").max_length == 16
+
+
+def test_the_module_config_is_read_under_its_legacy_names_like_the_oracle(save):
+    (save / "sentence_bert_config.json").rename(save / "sentence_roberta_config.json")
+    _edit_json(save / "sentence_roberta_config.json", max_seq_length=16)
+    _scores_alike(save)
+    assert Scorer(save, device="cpu").max_length == 16
+
+
+@pytest.mark.parametrize("layout", ["subfolder", "subfolder-and-root", "dot-slash"])
+def test_a_transformer_in_a_subfolder_of_the_save_loads_like_the_oracle(save, scorer, layout):
+    modules = json.loads((save / "modules.json").read_text())
+    if layout == "dot-slash":
+        modules[0]["path"] = "./"
+    else:
+        sub = save / "0_Transformer"
+        sub.mkdir()
+        for file in save.iterdir():
+            if file.name not in ("modules.json", "config_sentence_transformers.json", "README.md", "0_Transformer"):
+                (shutil.copy if layout == "subfolder-and-root" else shutil.move)(str(file), str(sub / file.name))
+        modules[0]["path"] = "0_Transformer"
+    (save / "modules.json").write_text(json.dumps(modules))
+    np.testing.assert_allclose(_scores_alike(save), scorer.predict(PAIRS), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("module_type, path, message", [
+    ("custom_code.Transformer", "", "names the module class 'custom_code.Transformer', which is not sentence-transformers'"),
+    ("sentence_transformers.base.modules.transformer.Transformer", "../elsewhere", "not a folder inside the save"),
+])
+def test_a_save_whose_module_is_not_sentence_transformers_own_in_the_save_is_refused(save, module_type, path, message):
+    (save.parent / "elsewhere").mkdir()
+    (save / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": path, "type": module_type}]))
+    with pytest.raises(ValueError, match=message):
+        Scorer(save, device="cpu")
+
+
+def test_a_default_prompt_name_missing_from_the_prompts_is_refused_like_the_oracle(save):
+    from sentence_transformers import CrossEncoder
+
+    _edit_json(save / "config_sentence_transformers.json", prompts={"query": "q: "}, default_prompt_name="missing")
+    with pytest.raises(ValueError, match="missing"):
+        CrossEncoder(str(save), device="cpu")
+    with pytest.raises(ValueError, match=r"default_prompt_name 'missing' is not one of its prompts \['query'\]"):
+        Scorer(save, device="cpu")
+
+
+def test_a_saved_max_length_the_positions_cannot_embed_is_refused_naming_where_it_came_from(save):
+    _edit_json(save / "sentence_bert_config.json", max_seq_length=100)
+    with pytest.raises(ValueError, match=r"max_length=100 \(from sentence_bert_config.json's max_seq_length\) exceeds"):
+        Scorer(save, device="cpu")
+
+
+def test_a_roberta_tokenizer_without_model_max_length_is_capped_at_the_positions_it_can_embed(tmp_path, caplog):
+    from sentence_transformers import CrossEncoder
+
+    from parity_tests.zoo import build_model
+
+    path = build_model("roberta", tmp_path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("model_max_length", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    positions = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    scorer = Scorer(path, device="cpu")
+    assert scorer.max_length == positions - 2 and "pairs are cut at" in caplog.text  # padding_idx 1, plus one
+    oracle = CrossEncoder(str(path), device="cpu")
+    assert oracle.max_seq_length == positions  # it fails on pairs longer than the table embeds
+    np.testing.assert_allclose(scorer.predict(PAIRS[:2]), oracle.predict(PAIRS[:2]), rtol=0, atol=1e-5)
+
+
+def test_online_the_hub_is_asked_before_the_cache_and_the_cache_answers_when_it_cannot(monkeypatch, tiny_dir):
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    from xenc_lab.loader import resolve
+
+    calls = []
+
+    def snapshot_download(repo_id, allow_patterns, local_files_only):
+        calls.append(local_files_only)
+        if not local_files_only:
+            raise ConnectionError("no network")
+        return str(tiny_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    assert resolve("acme/model") == tiny_dir and calls == [False, True]
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    calls.clear()
+    assert resolve("acme/model") == tiny_dir and calls == [True]
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: (_ for _ in ()).throw(OSError("gone")))
+    with pytest.raises(ValueError, match=r"'acme/model' is neither .* \(OSError: gone\)"):
+        resolve("acme/model")

@@ -467,13 +467,13 @@ def test_a_max_length_for_one_call_takes_the_slow_tokenizers_path_too(scorer, or
     ({"max_length": 2}, ValueError, r"max_length=2 cannot hold the 3 special tokens of a pair; use max_length>=3"),
     ({"max_length": 65}, ValueError, r"max_length=65 exceeds what BertForSequenceClassification can embed \(64 positions\)"),
     ({"max_length": 16.0}, TypeError, "max_length must be an int"),
-    ({"processing_kwargs": {"text": {"padding": True}}}, ValueError, r"xenc_lab takes \{'text': \{'max_length': n\}\}"),
+    ({"processing_kwargs": {"text": {"stride": 2}}}, ValueError, r"xenc_lab takes \{'text': \{'max_length': n\}\}"),
     ({"processing_kwargs": {"text": {"truncation": "only_second"}}}, ValueError, "its only truncation"),
-    ({"processing_kwargs": {"image": {}}}, ValueError, "got {'image': {}}"),
+    ({"processing_kwargs": {"image": {"size": 4}}}, ValueError, "got {'image': {'size': 4}}"),
     ({"processing_kwargs": "max_length=16"}, TypeError, "processing_kwargs must be a dict"),
     ({"device": ["cpu", "cpu"]}, TypeError, "device must be one device, the Scorer's"),
     ({"device": "tpu"}, ValueError, "device must be 'cpu', 'cuda' or 'cuda:N'"),
-], ids=["below-specials", "beyond-positions", "float", "padding", "only-second", "image", "str", "device-list", "tpu"])
+], ids=["below-specials", "beyond-positions", "float", "stride", "only-second", "image", "str", "device-list", "tpu"])
 def test_bad_per_call_options_are_refused_before_anything_runs(counted, kwargs, error, message):
     scorer, spy = counted
     with pytest.raises(error, match=message):

@@ -1,6 +1,7 @@
 """Find a checkpoint, build our module for its architecture and load its safetensors weights into it."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -29,25 +30,26 @@ def resolve(model_name_or_path: str | os.PathLike) -> Path:
         return path
     if path.exists():
         raise ValueError(f"expected a model directory or a hub id, got the file {str(path)!r}")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
-    # Whatever keeps the cached copy from being found (not cached, not a valid id, ...), the hub is asked next, and
-    # only its answer is reported.
-    try:
-        return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES, local_files_only=True))
-    except Exception:  # noqa: BLE001, S110
-        pass
-    try:
-        return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES))
-    except Exception as err:
-        raise ValueError(
-            f"{str(model_name_or_path)!r} is neither a local model directory nor a hub id that could be "
-            f"downloaded or found in the huggingface_hub cache ({type(err).__name__}: {err})"
-        ) from err
+    # Online, the hub is asked first, as transformers and sentence-transformers do (a cached copy may lack files that
+    # an earlier download of some of them left out); the cache answers when the hub cannot, and offline. Only the
+    # first answer's error is reported.
+    error = None
+    for local_files_only in ([True] if constants.HF_HUB_OFFLINE else [False, True]):
+        try:
+            return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES, local_files_only=local_files_only))
+        except Exception as err:  # noqa: BLE001 (not found, no network, not a valid id: each is reported alike)
+            error = error or err
+    raise ValueError(
+        f"{str(model_name_or_path)!r} is neither a local model directory nor a hub id that could be "
+        f"downloaded or found in the huggingface_hub cache ({type(error).__name__}: {error})"
+    ) from error
 
 
-def load_config(path: Path, trust_remote_code: bool = False) -> PretrainedConfig:
-    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+def load_config(path: Path, trust_remote_code: bool = False, **config_kwargs) -> PretrainedConfig:
+    """The model's config, with a CrossEncoder save's config arguments (``config_kwargs``) as CrossEncoder applies them."""
+    return AutoConfig.from_pretrained(path, **config_kwargs, trust_remote_code=trust_remote_code)
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -81,14 +83,30 @@ def build_model(config: PretrainedConfig) -> nn.Module:
     return model
 
 
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of the checkpoint in ``path``, as transformers finds them: ``model.safetensors``, else
+    the shards ``model.safetensors.index.json`` names. Other .safetensors files in the folder (an old copy, an
+    adapter) are not the model's weights and are never read."""
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing = [name for name in shards if not (path / name).is_file()]
+        if not shards or missing:
+            raise ValueError(f"{index} names {'no shards' if not shards else 'shards not in ' + str(path)}: {missing}")
+        return [path / name for name in shards]
+    others = sorted(p.name for p in path.glob("*.safetensors"))
+    found = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".ckpt"})
+    raise ValueError(
+        f"no model.safetensors (or model.safetensors.index.json) in {path}; only safetensors are loaded"
+        + (f" (found {', '.join(others)}: name the model's weights model.safetensors)" if others else "")
+        + (f" (found {', '.join(found)}: convert them to safetensors)" if found else "")
+    )
+
+
 def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        found = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".ckpt"})
-        raise ValueError(
-            f"no .safetensors weights in {path}; only safetensors are loaded"
-            + (f" (found {', '.join(found)}: convert them to safetensors)" if found else "")
-        )
+    files = checkpoint_files(path)
     tensors = {}
     for file in files:
         with safe_open(file, framework="pt") as f:

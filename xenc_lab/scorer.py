@@ -21,7 +21,7 @@ from .loader import architecture_of, load_config, load_model, position_limit, re
 from .pages import bucket_shape, pages_for, plan_batches
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
-from .st_format import read_cross_encoder_save
+from .st_format import processing_max_length, read_cross_encoder_save
 from .tokenize import PairTokenizer
 
 WINDOW = 1024  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
@@ -90,11 +90,12 @@ class Scorer:
         cfg = self.config
         path = resolve(model_name_or_path)
         self.path = path
-        self.hf_config = load_config(path, trust_remote_code)
-        self.architecture = architecture_of(self.hf_config)
         self.save = read_cross_encoder_save(path)
-        self.tokenizer = PairTokenizer(path, self.hf_config, cfg.max_length, trust_remote_code, self.save)
-        self._check_max_length(self.tokenizer.max_length, "pass")
+        model_dir = self.save.model_dir  # the save's root, or its Transformer module's folder
+        self.hf_config = load_config(model_dir, trust_remote_code, **self.save.config_kwargs)
+        self.architecture = architecture_of(self.hf_config)
+        self.tokenizer = PairTokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save)
+        self._check_max_length(self.tokenizer.max_length, "pass", self.tokenizer.from_where())
         self.device = device
         if device.type == "cpu" and cfg.dtype in HALF_UNITS and native_half_units(cfg.dtype) is False:
             # Measured on MiniLM-L6 on an AVX2-only CPU, short pairs: bfloat16 0.96x, float16 0.97x float32's pairs/s.
@@ -104,7 +105,7 @@ class Scorer:
                 "and less exact",
                 stacklevel=2,
             )
-        model = load_model(path, self.hf_config, self.device, self.config.torch_dtype)
+        model = load_model(model_dir, self.hf_config, self.device, self.config.torch_dtype)
         self.runner = ModelRunner(model, self.device, compile)
         if self.device.type == "cpu":
             kernels.load()  # a first build belongs to loading, not to the first predict()
@@ -144,39 +145,29 @@ class Scorer:
         )
 
     # -- the engine ---------------------------------------------------------------------------------
-    def _check_max_length(self, max_length: int, remedy: str) -> None:
+    def _check_max_length(self, max_length: int, remedy: str, source: str = "") -> None:
         """Refuse a max_length the position table cannot embed (sentence-transformers would fail on the first pair
         that long) or one pair of which the token budget cannot hold. ``remedy``: "pass" (to the Scorer) or "use"
-        (per call), for the message."""
+        (per call), and ``source`` (" (from ...)") for the message."""
         limit = position_limit(self.hf_config)
         if limit is not None and max_length > limit:
             raise ValueError(
-                f"max_length={max_length} exceeds what {self.architecture} can embed ({limit} positions); "
+                f"max_length={max_length}{source} exceeds what {self.architecture} can embed ({limit} positions); "
                 f"{remedy} max_length<={limit}"
             )
         cfg = self.config
         longest = pages_for(max_length, cfg.page_size) * cfg.page_size
         if longest > cfg.max_batch_tokens:
             raise ValueError(
-                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={max_length} "
+                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={max_length}{source} "
                 f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
             )
 
     def _call_max_length(self, max_length, processing_kwargs) -> int | None:
         """A per-call max_length, as CrossEncoder.predict takes it: ``max_length=n`` or
         ``processing_kwargs={"text": {"max_length": n}}`` (which wins, as there). None: the Scorer's own."""
-        if processing_kwargs is not None:
-            if not isinstance(processing_kwargs, dict):
-                raise TypeError(f"processing_kwargs must be a dict such as {{'text': {{'max_length': 256}}}}, "
-                                f"got {type(processing_kwargs).__name__}")
-            text = processing_kwargs.get("text", {})
-            if (set(processing_kwargs) - {"text"} or not isinstance(text, dict) or set(text) - {"max_length", "truncation"}
-                    or text.get("truncation", True) not in (True, "longest_first")):
-                raise ValueError(
-                    "processing_kwargs: xenc_lab takes {'text': {'max_length': n}} (with truncation True or "
-                    f"'longest_first', its only truncation), got {processing_kwargs!r}"
-                )
-            max_length = text.get("max_length", max_length)
+        from_kwargs = processing_max_length(processing_kwargs, "processing_kwargs")
+        max_length = from_kwargs if from_kwargs is not None else max_length
         if max_length is None:
             return None
         max_length = whole_number("max_length", max_length)

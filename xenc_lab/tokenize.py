@@ -16,6 +16,7 @@ tokenizers, are called as CrossEncoder calls them.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from tokenizers.normalizers import Sequence as NormalizerSequence
 from transformers import AutoTokenizer, PretrainedConfig
 
 from .st_format import CrossEncoderSave
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -121,22 +124,43 @@ class PairTokenizer:
         config: PretrainedConfig,
         max_length: int | None = None,
         trust_remote_code: bool = False,
-        save: CrossEncoderSave = CrossEncoderSave(),
+        save: CrossEncoderSave | None = None,
     ):
-        if max_length is None:
-            max_length = save.max_seq_length
-        kwargs = {} if max_length is None else {"model_max_length": max_length}
-        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
-        max_positions = getattr(config, "max_position_embeddings", -1)
-        if max_length is None and max_positions is not None and max_positions != -1:
-            self.tokenizer.model_max_length = min(self.tokenizer.model_max_length, max_positions)
+        """The tokenizer as CrossEncoder loads it: from ``path`` with a CrossEncoder save's tokenizer arguments, its
+        model_max_length the one passed, else the save's (its tokenizer arguments', then its max_seq_length), else the
+        tokenizer's own capped at the position table. A save's ``processing_kwargs`` max_length, which CrossEncoder
+        calls the tokenizer with, truncates every pair unless ``max_length`` is passed."""
+        from .loader import position_limit  # loader -> layers -> batch -> this module
+
+        save = save if save is not None else CrossEncoderSave()
+        kwargs = dict(save.tokenizer_kwargs)
+        source = f"{save.module_config}'s processor_kwargs" if "model_max_length" in kwargs else None
+        if save.max_seq_length is not None and "model_max_length" not in kwargs:
+            kwargs["model_max_length"], source = save.max_seq_length, f"{save.module_config}'s max_seq_length"
+        if max_length is not None:
+            kwargs["model_max_length"], source = max_length, None
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **kwargs, trust_remote_code=trust_remote_code)
+        if "model_max_length" not in kwargs:
+            source = "the tokenizer's model_max_length"
+            max_positions = getattr(config, "max_position_embeddings", -1)
+            if max_positions is not None and max_positions != -1:
+                self.tokenizer.model_max_length = min(self.tokenizer.model_max_length, max_positions)
+            limit = position_limit(config)
+            if limit is not None and self.tokenizer.model_max_length > limit:
+                logger.warning("%s: the tokenizer allows %d tokens but the position table embeds %d: pairs are cut at "
+                               "%d (sentence-transformers fails on longer ones)", path, self.tokenizer.model_max_length,
+                               limit, limit)
+                self.tokenizer.model_max_length = limit
         if save.do_lower_case:
             self._force_lowercase()
         self.max_length = int(self.tokenizer.model_max_length)
+        if save.text_max_length is not None and max_length is None:
+            self.max_length, source = save.text_max_length, f"{save.module_config}'s processing_kwargs"
+        self.max_length_source = source  # where a max_length not passed came from (None: passed), for messages
         specials = self.tokenizer.num_special_tokens_to_add(pair=True)
         if self.max_length < specials:  # the tokenizer would not truncate at all, and pairs would run long
             raise ValueError(
-                f"max_length={self.max_length} cannot hold the {specials} special tokens of a pair; "
+                f"max_length={self.max_length}{self.from_where()} cannot hold the {specials} special tokens of a pair; "
                 f"pass max_length>={specials}"
             )
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
@@ -154,6 +178,10 @@ class PairTokenizer:
                 self.layout = read_layout(self.backend)
             if self.layout is not None and self.layout.specials != specials:
                 self.layout = None
+
+    def from_where(self) -> str:
+        """Where a max_length not passed came from, as ' (from ...)' for messages; '' where it was passed."""
+        return f" (from {self.max_length_source})" if self.max_length_source else ""
 
     def _force_lowercase(self) -> None:
         backend = self.tokenizer.backend_tokenizer
