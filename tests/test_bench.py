@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,58 @@ def test_model_gflop_counts_non_embedding_matmuls_and_attention():
     weights = 6 * (4 * 384**2 + 2 * 384 * 1536)  # 10.6M, the MiniLM-L6 figure
     assert abs(per_pair - (2 * weights * 128 + 4 * 6 * 384 * 128**2) / 1e9) < 1e-12
     assert 2.8 < per_pair < 3.0  # the field's ~2.87 GFLOP per 128-token MiniLM-L6 pair
+
+
+def _deberta_v3(**size):
+    from transformers import DebertaV2Config
+
+    return DebertaV2Config(relative_attention=True, position_buckets=16, max_relative_positions=-1,
+                           pos_att_type=["p2c", "c2p"], position_biased_input=False, share_att_key=True,
+                           norm_rel_ebd="layer_norm", type_vocab_size=0, **size)
+
+
+def _family_configs():
+    from transformers import DistilBertConfig, ElectraConfig, ModernBertConfig, RobertaConfig
+
+    size = {"vocab_size": 300, "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 96, "max_position_embeddings": 128, "num_labels": 1}
+    return {
+        "bert": BertConfig(**size),
+        "roberta": RobertaConfig(**size),
+        "distilbert": DistilBertConfig(vocab_size=300, n_layers=2, dim=64, n_heads=4, hidden_dim=96, num_labels=1),
+        "electra": ElectraConfig(embedding_size=32, **size),
+        "modernbert": ModernBertConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                       global_attn_every_n_layers=1, **size),
+        "deberta-v3": _deberta_v3(**size),
+    }
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra", "modernbert", "deberta-v3"])
+def test_model_gflop_is_the_math_transformers_own_model_does_per_family(family):
+    """Counted against torch's FLOP counter on transformers' model (the oracle's), 8 pairs of 40 tokens: the
+    classification head and pooler (per pair) and DeBERTa's once-a-batch projection of its relative embeddings are
+    the difference, which is left out by design."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForSequenceClassification
+
+    config = _family_configs()[family]
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").eval()
+    ids = torch.randint(5, 250, (8, 40))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    counted = counter.get_total_flops() / 1e9
+    if family == "deberta-v3":  # pos_key and pos_query: 2 x (2 x 16 relative embeddings) x d^2 per layer
+        counted -= 2 * 2 * (2 * 2 * 16) * 64 * 64 / 1e9
+    head = 8 * 2 * (64 * 64 + 64) / 1e9  # a pooler or dense layer and the classifier, once a pair
+    assert counted - head * 1.5 <= bench.model_gflop(config, np.full(8, 40)) <= counted, family
+
+
+def test_the_gemm_ceiling_is_measured_at_modernberts_geglu_width():
+    from transformers import ModernBertConfig
+
+    config = ModernBertConfig(hidden_size=64, intermediate_size=96)
+    assert bench.projection_shapes(config) == [(64, 192), (64, 64), (64, 192), (96, 64)]
+    assert bench.projection_shapes(BertConfig(hidden_size=64, intermediate_size=96))[2:] == [(64, 96), (96, 64)]
 
 
 def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
@@ -230,3 +283,43 @@ def test_machine_names_the_versions_of_the_peer_the_ratios_are_against():
     line = bench.machine()
     assert f", torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}, " in line
     assert line.endswith(f", transformers {transformers.__version__}")
+
+
+def test_an_exact_sentence_transformers_leaves_the_error_cell_saying_so(tmp_path):
+    rows = [bench.BenchRow("short", "bfloat16", engine, 8, 90.0, 10.0, 1.0, 100.0, 0.5, most, 0.8, mean_abs_delta=most)
+            for engine, most in (("sentence-transformers", 0.0), ("xenc_lab", 0.3))]
+    bench.set_error_ratios(rows)
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
+    assert "| 3.0e-01 | n/a (ST's own error is 0) |" in text
+
+
+def test_a_report_of_no_rows_is_refused_and_leaves_the_last_one(tmp_path):
+    (tmp_path / "throughput.md").write_text("the last report")
+    with pytest.raises(ValueError, match="no benchmark rows to report"):
+        bench.write_report([], tmp_path, "xenc-lab bench")
+    assert (tmp_path / "throughput.md").read_text() == "the last report"
+
+
+def test_bf16_alone_on_a_cpu_without_bf16_units_is_refused_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(bench, "CrossEncoder", lambda *a, **k: pytest.fail("a model was loaded"), raising=False)
+    with pytest.raises(SystemExit):
+        main(["bench", "--dtypes", "bfloat16", "--workloads", "short"])
+    assert "bfloat16 is skipped on this CPU (neither AMX nor AVX512-BF16) and no other dtype" in capsys.readouterr().err
+
+
+def test_the_memory_probe_reports_scorings_own_peak_over_the_loaded_model_and_input(tiny_dir):
+    probe = bench.peak_memory_mb(300, tiny_dir, workload="short", dtype="float32", max_batch_tokens=512, threads=1)
+    assert probe["loaded_rss"] > 100 and probe["input_rss"] >= probe["loaded_rss"] * 0.9
+    if Path("/proc/self/clear_refs").exists():  # the high-water mark was reset before scoring
+        assert probe["peak_is_scoring_s"] and probe["input_rss"] * 0.9 <= probe["peak_rss"] < probe["input_rss"] * 1.5
+
+
+def test_the_memory_note_gives_scorings_growth_over_the_loaded_model_and_input():
+    small = {"loaded_rss": 500.0, "input_rss": 504.0, "peak_rss": 650.0, "peak_is_scoring_s": True}
+    large = {"loaded_rss": 500.0, "input_rss": 540.0, "peak_rss": 688.0, "peak_is_scoring_s": True}
+    note = bench.memory_note(small, large, "bfloat16", "cpu")
+    assert "held 504 MB for 2,000 pairs and 540 MB for 20,000 (500 and 500 MB before the input)" in note
+    assert "the peak while scoring was 650 and 688 MB, +146 and +148 MB over that for 10x the input." in note
+    lifetime = bench.memory_note({**small, "peak_is_scoring_s": False}, large, "bfloat16", "cpu")
+    assert "the process's lifetime peak (loading included" in lifetime

@@ -94,6 +94,19 @@ def test_load_pairs_names_the_file_and_line_of_bad_input(tmp_path, name, text, m
         load_pairs(path)
 
 
+def test_load_pairs_refuses_a_missing_or_undecodable_file_naming_it_and_reads_document_long_fields(tmp_path):
+    with pytest.raises(ValueError, match=r"missing.jsonl: \[Errno 2\]"):
+        load_pairs(tmp_path / "missing.jsonl")
+    (tmp_path / "latin1.csv").write_bytes("café,x\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.csv: 'utf-8' codec can't decode"):
+        load_pairs(tmp_path / "latin1.csv")
+    (tmp_path / "long.tsv").write_text("q\t" + "word " * 50_000 + "\n")  # 250,000 characters: past csv's default limit
+    assert len(load_pairs(tmp_path / "long.tsv")[0][1]) == 250_000
+    import csv
+
+    assert csv.field_size_limit() == 131072  # csv's own limit is as it was
+
+
 def test_load_pairs_reads_tsv_quotes_as_text_and_skips_a_byte_order_mark(tmp_path):
     tsv = tmp_path / "quotes.tsv"
     tsv.write_text('what is "x"\t"quoted" passage\nan "unmatched quote\tsecond\nthird\tthe "end\n', encoding="utf-8")

@@ -74,12 +74,40 @@ def attention_heads(config) -> tuple[int, int]:
     return heads, d // heads
 
 
+def projection_shapes(config) -> list[tuple[int, int]]:
+    """(in, out) of each layer's projections: fused QKV, attention output, the feed-forward's two (ModernBERT's
+    first one is GeGLU's, twice as wide)."""
+    _, d, f = encoder_dims(config)
+    up = 2 * f if getattr(config, "model_type", "") == "modernbert" else f
+    return [(d, 3 * d), (d, d), (d, up), (f, d)]
+
+
+def _relative_span(config) -> tuple[int, int]:
+    """DeBERTa-v2's disentangled attention: (relative positions each token's c2p/p2c scores span, how many of the
+    two terms the config turns on); (0, 0) elsewhere."""
+    if getattr(config, "model_type", "") != "deberta-v2" or not getattr(config, "relative_attention", False):
+        return 0, 0
+    from .models.deberta_v2 import _pos_att_type
+
+    buckets, max_relative = getattr(config, "position_buckets", -1), getattr(config, "max_relative_positions", -1)
+    span = buckets if buckets > 0 else max_relative if max_relative > 0 else config.max_position_embeddings
+    return 2 * span, len(_pos_att_type(config) & {"c2p", "p2c"})
+
+
 def model_gflop(config, lengths: np.ndarray) -> float:
-    """2 x non-embedding matmul weights x tokens + attention's 4 x layers x d x n^2, in GFLOP."""
-    layers, d, f = encoder_dims(config)
-    weights = layers * (4 * d * d + 2 * d * f)
+    """The full model's math in GFLOP, as both engines' work is counted: 2 x non-embedding matmul weights x tokens
+    (ELECTRA's embedding projection included), attention's 4 x layers x d x n^2, and DeBERTa-v2's c2p/p2c scores,
+    2 x layers x d x (2 x span) per token each. DeBERTa's projection of its relative embeddings, done once a batch
+    (so per pair depending on batching: 2.3% of a 32-pair batch of 100-token pairs at v3-base size), is left out."""
+    layers, d, _ = encoder_dims(config)
+    weights = layers * sum(k * n for k, n in projection_shapes(config))
+    embedding = getattr(config, "embedding_size", None)
+    if getattr(config, "model_type", "") == "electra" and embedding and embedding != d:
+        weights += embedding * d
+    positions, terms = _relative_span(config)
+    per_token = 2 * weights + terms * 2 * layers * d * positions
     lengths = lengths.astype(np.float64)
-    return (2 * weights * lengths.sum() + 4 * layers * d * (lengths**2).sum()) / 1e9
+    return (per_token * lengths.sum() + 4 * layers * d * (lengths**2).sum()) / 1e9
 
 
 def gemm_rate(
@@ -90,16 +118,15 @@ def gemm_rate(
     bf16_gemm: str | None = None,
     device: str | torch.device = "cpu",
 ) -> float:
-    """GFLOP/s of the fastest GEMM at the model's projection shapes (tokens x d -> d, 3d, f; f -> d). On the
+    """GFLOP/s of the fastest GEMM at the model's projection shapes (``projection_shapes``). On the
     CPU: oneDNN with prepacked weights where available, else torch's default; in bfloat16 that is the path
     xenc_lab takes (``layers.bf16_gemm``) unless ``bf16_gemm`` says which. On CUDA: torch's
     GEMM (cuBLAS) at torch's precision settings. ``tokens`` rows: 4,096 on the CPU (a batch's worth), 65,536 on
     CUDA, where a 4,096-row GEMM of a small model is over before the GPU fills."""
     device = torch.device(device)
     tokens = tokens or (4096 if device.type == "cpu" else 65536)
-    _, d, f = encoder_dims(config)
-    shapes = [(d, 3 * d), (d, d), (d, f), (f, d)]
-    x = {k: torch.randn(tokens, k, dtype=dtype, device=device) for k in {d, f}}
+    shapes = projection_shapes(config)
+    x = {k: torch.randn(tokens, k, dtype=dtype, device=device) for k in {k for k, _ in shapes}}
     linears = {}
     for k, n in shapes:
         linear = torch.nn.Linear(k, n, bias=False).to(device=device, dtype=dtype).requires_grad_(False)
@@ -135,6 +162,9 @@ def _check_run(device, dtypes, repeats, n_pairs) -> tuple[torch.device, list[str
     unknown = [d for d in dtypes if d not in DTYPES]
     if not dtypes or unknown:
         raise ValueError(f"dtypes must be a non-empty list of {tuple(DTYPES)}, got {dtypes!r}")
+    if device.type == "cpu" and set(dtypes) == {"bfloat16"} and not cpu_has_fast_bf16():
+        raise ValueError("bfloat16 is skipped on this CPU (neither AMX nor AVX512-BF16) and no other dtype was asked "
+                         "for: nothing would run")
     whole_number("repeats", repeats)
     whole_number("n_pairs", n_pairs)
     return device, dtypes
@@ -399,12 +429,15 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not rows:
+        raise ValueError(f"no benchmark rows to report: {out_dir} is left as it was")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    devices = sorted({r.device for r in rows}) or ["cpu"]
+    devices = sorted({r.device for r in rows})
     if len(devices) > 1:
         raise ValueError(f"a report covers one device, got rows from {devices}")
-    errors = any(r.error_ratio for r in rows)  # a column where some dtype is not float32
+    compared = lambda r: r.dtype != "float32" and r.engine != "sentence-transformers"
+    errors = any(compared(r) for r in rows)  # a column where some dtype is not float32
     lines = [
         "# Throughput: xenc_lab against sentence-transformers",
         "",
@@ -425,7 +458,8 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if errors else ""),
     ]
     for r in rows:
-        error = f" {r.error_ratio:.2f} (max {r.max_error_ratio:.2f}) |" if r.error_ratio else " |"
+        error = (f" {r.error_ratio:.2f} (max {r.max_error_ratio:.2f}) |" if r.error_ratio
+                 else " n/a (ST's own error is 0) |" if compared(r) else " |")
         lines.append(
             f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
             f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
@@ -492,32 +526,79 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     return out_dir / "throughput.md"
 
 
+_MEMORY_PROBE = """
+import json, resource, sys, torch
+from xenc_lab import Scorer
+from xenc_lab.workloads import make_pairs
+from xenc_lab.zoo import minilm_cross_encoder
+
+def status(key):  # VmRSS / VmHWM in MB, where /proc has them
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
+    except (OSError, StopIteration):
+        return None
+
+path, n, workload, dtype, device, max_batch_tokens, threads = json.loads(sys.argv[1])
+torch.set_num_threads(threads)
+budget = {} if max_batch_tokens is None else {"max_batch_tokens": max_batch_tokens}
+scorer = Scorer(path or minilm_cross_encoder(), device=device, dtype=dtype, **budget)
+scorer.predict(make_pairs(workload, 16, seed=8))
+out = {"loaded_rss": status("VmRSS")}
+pairs = make_pairs(workload, n, seed=7)
+out["input_rss"] = status("VmRSS")
+try:  # the high-water mark, reset to what the process holds now: the peak below is scoring's own
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    out["peak_is_scoring_s"] = True
+except OSError:
+    out["peak_is_scoring_s"] = False
+scores = scorer.predict(pairs, show_progress_bar=False)
+assert len(scores) == n
+out["peak_rss"] = status("VmHWM") if out["peak_is_scoring_s"] else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+if scorer.device.type == "cuda":
+    out["peak_gpu"] = torch.cuda.max_memory_allocated(scorer.device) / 2**20
+print(json.dumps(out))
+"""
+
+
 def peak_memory_mb(
-    n_pairs: int, model_path=None, workload: str = "mixed", dtype: str = "float32", device: str = "cpu"
-) -> dict[str, float]:
-    """Peak memory (MB) of a fresh process that scores ``n_pairs`` pairs on ``device``, input included:
-    resident memory after loading the model and scoring 16 pairs (``loaded_rss``) and at the end
-    (``peak_rss``); on CUDA also the most GPU memory torch held at once (``peak_gpu``)."""
+    n_pairs: int,
+    model_path=None,
+    workload: str = "mixed",
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_batch_tokens: int | None = None,
+    threads: int | None = None,
+) -> dict:
+    """Memory (MB) of a fresh process that scores ``n_pairs`` pairs on ``device`` with ``max_batch_tokens`` (default:
+    the Scorer's) and ``threads`` (default: this process's): resident memory after loading the model and scoring 16 pairs
+    (``loaded_rss``), after building the input (``input_rss``), and the peak while scoring (``peak_rss``). On Linux
+    the kernel's high-water mark is reset before scoring, so the peak is scoring's own (``peak_is_scoring_s``);
+    elsewhere it is the process's lifetime peak, which loading may set. On CUDA also the most GPU memory torch held
+    at once (``peak_gpu``)."""
     import subprocess
     import sys
 
-    code = (
-        "import json, resource, sys, torch\n"
-        "from xenc_lab import Scorer\n"
-        "from xenc_lab.workloads import make_pairs\n"
-        "from xenc_lab.zoo import minilm_cross_encoder\n"
-        "path, n, workload, dtype, device = json.loads(sys.argv[1])\n"
-        "scorer = Scorer(path or minilm_cross_encoder(), device=device, dtype=dtype)\n"
-        "pairs = make_pairs(workload, n, seed=7)\n"
-        "scorer.predict(pairs[:16])\n"
-        "out = {'loaded_rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}\n"
-        "scores = scorer.predict(pairs, show_progress_bar=False)\n"
-        "assert len(scores) == n\n"
-        "out['peak_rss'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
-        "if scorer.device.type == 'cuda':\n"
-        "    out['peak_gpu'] = torch.cuda.max_memory_allocated(scorer.device) / 2**20\n"
-        "print(json.dumps(out))\n"
-    )
-    args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype, str(device)])
-    out = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=True)
+    threads = threads or torch.get_num_threads()
+    args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype, str(device),
+                       max_batch_tokens, threads])
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, args], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def memory_note(small: dict, large: dict, dtype: str, device: str, sizes: tuple[int, int] = (2000, 20000)) -> str:
+    """The report's sentence on two ``peak_memory_mb`` probes of ``sizes`` pairs."""
+    (n_small, n_large), grow = sizes, lambda probe: probe["peak_rss"] - probe["input_rss"]
+    what = "the peak while scoring" if small["peak_is_scoring_s"] and large["peak_is_scoring_s"] else (
+        "the process's lifetime peak (loading included: no high-water mark to reset here)")
+    note = (
+        f"Memory of a fresh process scoring short pairs in {dtype} on {device}: with the model loaded and the input "
+        f"built it held {small['input_rss']:.0f} MB for {n_small:,} pairs and {large['input_rss']:.0f} MB for "
+        f"{n_large:,} ({small['loaded_rss']:.0f} and {large['loaded_rss']:.0f} MB before the input); {what} was "
+        f"{small['peak_rss']:.0f} and {large['peak_rss']:.0f} MB, {grow(small):+.0f} and {grow(large):+.0f} MB over that "
+        f"for {n_large // n_small}x the input."
+    )
+    if "peak_gpu" in small:
+        note += f" Peak GPU memory held by torch: {small['peak_gpu']:.0f} MB and {large['peak_gpu']:.0f} MB."
+    return note

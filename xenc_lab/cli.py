@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
@@ -111,19 +112,14 @@ def bench(args: argparse.Namespace) -> int:
         # On the CPU bf16 where it has it: the point is memory, and this keeps the 20,000-pair run short.
         dtype = dtypes[0] if args.device == "cuda" else "bfloat16" if B.cpu_has_fast_bf16() else "float32"
         small, large = (
-            B.peak_memory_mb(n, args.model, workload="short", dtype=dtype, device=args.device) for n in (2000, 20000)
+            B.peak_memory_mb(n, args.model, workload="short", dtype=dtype, device=args.device,
+                             max_batch_tokens=args.max_batch_tokens, threads=args.threads)
+            for n in (2000, 20000)
         )
-        notes.append(
-            f"Peak RSS of a fresh process scoring short pairs in {dtype} on {args.device}, input included: 2,000 pairs "
-            f"{small['peak_rss']:.0f} MB, 20,000 pairs {large['peak_rss']:.0f} MB "
-            f"({large['peak_rss'] / small['peak_rss']:.2f}x for 10x the input); after loading the model and scoring "
-            f"16 pairs it was {small['loaded_rss']:.0f} and {large['loaded_rss']:.0f} MB."
-        )
-        if "peak_gpu" in small:
-            notes[-1] += (f" Peak GPU memory held by torch: {small['peak_gpu']:.0f} MB and {large['peak_gpu']:.0f} MB.")
+        notes.append(B.memory_note(small, large, dtype, args.device))
         print(notes[-1])
     if args.report:
-        command = "xenc-lab " + " ".join(args.argv)
+        command = "xenc-lab " + shlex.join(args.argv)
         path = B.write_report(rows, Path(args.report), command.strip(), "\n".join(notes))
         print(f"wrote {path}")
     return 0

@@ -78,16 +78,33 @@ def load_pairs(path) -> list[tuple[str, str]]:
     - ``.tsv`` / ``.csv``: a header naming those fields, or no header and exactly two columns. A ``.tsv``
       is read as MS MARCO's files are written: quotes are text, not quoting. A ``.csv`` follows csv quoting.
 
-    A UTF-8 byte-order mark is skipped. Every pair must be two strings; anything else is a ValueError naming the line.
+    A UTF-8 byte-order mark is skipped. Every pair must be two strings; anything else, or a file that cannot be read
+    as UTF-8 text, is a ValueError naming the file (and the line). A header naming no known field is read as a pair.
     """
     import csv
-    import json
     from pathlib import Path
 
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".tsv", ".csv"):
         raise ValueError(f"{path}: expected a .jsonl, .tsv or .csv file, got {suffix or 'no suffix'!r}")
+    limit = csv.field_size_limit()
+    csv.field_size_limit(1 << 30)  # a passage may be a whole document: csv's default stops fields at 128 KiB
+    try:
+        pairs = _read_pairs(path, suffix)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ValueError(f"{path}: {err}") from err
+    finally:
+        csv.field_size_limit(limit)
+    if not pairs:
+        raise ValueError(f"{path}: no pairs found")
+    return pairs
+
+
+def _read_pairs(path, suffix: str) -> list[tuple[str, str]]:
+    import csv
+    import json
+
     pairs: list[tuple[str, str]] = []
     with path.open(encoding="utf-8-sig", newline="") as f:
         if suffix == ".jsonl":
@@ -127,6 +144,4 @@ def load_pairs(path) -> list[tuple[str, str]]:
                     raise ValueError(
                         f"{path}:{n}: expected two columns (query, passage) or a header naming them, got {len(row)} columns"
                     )
-    if not pairs:
-        raise ValueError(f"{path}: no pairs found")
     return pairs
