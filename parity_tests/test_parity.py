@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import warnings
 
 import numpy as np
 import pytest
@@ -198,6 +199,11 @@ def test_scores_spread_far_above_tolerance(arch, recorder):
         pairs = [(q, d) for q in S.ODD[:8] for d in ("a short passage", " ".join(S.WORDS[:60]))]
         spread = float(np.std(oracle(arch).predict(pairs, activation_fn=IDENTITY)))
     assert spread > 1000 * 1e-5, f"{arch}: raw logit std {spread:.2e} is not far above the 1e-5 tolerance"
+    # ... and every label, and the second text alone, move the scores (a model blind to either proves less)
+    logits = oracle(arch).predict([(q, d) for q in S.ODD[:8] for d in ("a short passage", " ".join(S.WORDS[:60]))],
+                                  activation_fn=IDENTITY).reshape(8, 2, -1)
+    assert logits.reshape(16, -1).std(axis=0).min() > 1000 * 1e-5, f"{arch}: a label barely varies"
+    assert np.abs(logits[:, 0] - logits[:, 1]).min() > 100 * 1e-5, f"{arch}: the second text barely moves the score"
 
 
 def test_zoo_models_load_every_weight():
@@ -250,3 +256,119 @@ def test_per_pair_linears_are_the_ones_fed_one_row_per_pair(arch):
             assert all(rows != {B} for rows, B in fed), (arch, name, fed)
         # In float32 the per-pair ones stay torch's, the others are prepacked.
         assert isinstance(m, PrepackedLinear) == (id(m) not in listed), (arch, name, type(m).__name__)
+
+
+# -- what a call may ask for, a CrossEncoder save's own settings, and the engine's other paths ---------------------
+ACTIVATIONS = {"identity": IDENTITY, "sigmoid": torch.nn.Sigmoid(), "tanh": torch.nn.Tanh()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@share(0.2)
+@given(pairs=S.pairs, max_length=st.sampled_from([None, 8, 23]), as_processing_kwargs=st.booleans(),
+       prompt=st.none() | S.short_text, activation=st.sampled_from(sorted(ACTIVATIONS)))
+def test_per_call_options_equal_crossencoder(arch, pairs, max_length, as_processing_kwargs, prompt, activation, recorder):
+    """predict's options, as the oracle's predict takes them: a max_length for the call (``max_length=`` or
+    ``processing_kwargs``), a prompt prepended to text_1, an activation. Compared at the logits' tolerance (the
+    activations here do not magnify differences)."""
+    options = {"activation_fn": ACTIVATIONS[activation], "prompt": prompt}
+    if max_length is not None:
+        options.update({"processing_kwargs": {"text": {"max_length": max_length}}} if as_processing_kwargs
+                       else {"max_length": max_length})
+    ours = scorer(arch).predict(pairs, **options)
+    theirs = oracle(arch).predict(pairs, **options)
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    recorder.add(arch, "float32", "per-call options", ours, theirs)
+    assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, logit_tolerance(arch), recorder, **options)
+
+
+@functools.cache
+def crossencoder_save(arch: str, layout: str) -> str:
+    """The zoo model saved by CrossEncoder.save_pretrained, then given what a save may carry: a Tanh activation,
+    prompts with a default, a max_seq_length, do_lower_case, and (``layout="subfolder"``) its Transformer module in
+    a folder of its own."""
+    import json
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+
+    from .conftest import ROOT
+
+    target = ROOT / "saves" / f"{arch}-{layout}"
+    if target.exists():
+        shutil.rmtree(target)
+    CrossEncoder(str(model_dir(arch)), device="cpu").save_pretrained(str(target))
+    edit = lambda name, **changes: (target / name).write_text(
+        json.dumps({**json.loads((target / name).read_text()), **changes}))
+    edit("config_sentence_transformers.json", activation_fn="torch.nn.modules.activation.Tanh",
+         prompts={"query": "query: ", "search": "Search Query: "}, default_prompt_name="query")
+    edit("sentence_bert_config.json", max_seq_length=40, do_lower_case=True)
+    if layout == "subfolder":
+        module = target / "0_Transformer"
+        module.mkdir()
+        for file in list(target.iterdir()):
+            if file.name not in ("modules.json", "config_sentence_transformers.json", "README.md", module.name):
+                shutil.move(str(file), str(module / file.name))
+        modules = json.loads((target / "modules.json").read_text())
+        modules[0]["path"] = module.name
+        (target / "modules.json").write_text(json.dumps(modules))
+    return str(target)
+
+
+@functools.cache
+def _save_engines(arch: str, layout: str):
+    from sentence_transformers import CrossEncoder
+
+    from xenc_lab import Scorer
+
+    path = crossencoder_save(arch, layout)
+    return Scorer(path, device=DEVICE), CrossEncoder(path, device="cpu")
+
+
+@pytest.mark.parametrize("arch, layout", [("bert", "root"), ("roberta", "subfolder"), ("deberta-v3", "root")])
+@share(0.2)
+@given(pairs=S.pairs, prompt_name=st.sampled_from([None, "search"]), prompt=st.sampled_from([None, ""]))
+def test_a_crossencoder_save_scores_as_the_oracle_loads_it(arch, layout, pairs, prompt_name, prompt, recorder):
+    """Its activation, its default prompt (or another by name, or none with prompt=""), its max_seq_length and
+    do_lower_case, wherever its Transformer module sits."""
+    ours, theirs = _save_engines(arch, layout)
+    assert ours.max_length == theirs.max_seq_length == 40 and isinstance(ours.activation_fn, torch.nn.Tanh)
+    with warnings.catch_warnings():  # a prompt with a prompt_name warns (the prompt wins, in both)
+        warnings.simplefilter("ignore", UserWarning)
+        got = ours.predict(pairs, prompt_name=prompt_name, prompt=prompt)
+    want = theirs.predict(pairs, prompt_name=prompt_name, prompt=prompt)
+    recorder.add(arch, "float32", "a CrossEncoder save's settings", got, want)
+    np.testing.assert_allclose(got, want, rtol=0, atol=logit_tolerance(arch)["atol"])  # tanh: within its logits'
+
+
+def test_more_pairs_than_one_window_equal_crossencoder(recorder):
+    """Past the first 1,024 pairs, windows are tokenized while the model runs: each lands in its own rows."""
+    pairs = [(S.WORDS[i % len(S.WORDS)], " ".join(S.WORDS[(i * 7) % 50 : (i * 7) % 50 + 3 + i % 90])) for i in range(2100)]
+    ours = scorer("bert").predict(pairs, activation_fn=IDENTITY)
+    theirs = oracle("bert").predict(pairs, activation_fn=IDENTITY)
+    recorder.add("bert", "float32", "raw logits, 2,100 pairs", ours, theirs)
+    np.testing.assert_allclose(ours, theirs, **logit_tolerance("bert"))
+    assert np.std(theirs[1024:]) > 0.1 and np.std(theirs[2048:]) > 0.1
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if not a.startswith("minilm")])
+@share(0.2)
+@given(pairs=S.pairs)
+def test_raw_logits_on_the_sdpa_attention_path_equal_crossencoder(arch, pairs, recorder):
+    """The CPU runs SDPA where the attention kernel cannot be built (and CUDA in float32): the per-pair layout, the
+    key masks, ModernBERT's windows. Forced here for the call (the path is read at each forward)."""
+    import os
+
+    if DEVICE != "cpu":
+        pytest.skip("the CPU attention paths")
+    before = os.environ.get("XENC_LAB_CPU_ATTENTION")
+    os.environ["XENC_LAB_CPU_ATTENTION"] = "sdpa"
+    try:
+        ours = scorer(arch).predict(pairs, activation_fn=IDENTITY)
+    finally:
+        if before is None:
+            del os.environ["XENC_LAB_CPU_ATTENTION"]
+        else:
+            os.environ["XENC_LAB_CPU_ATTENTION"] = before
+    theirs = oracle(arch).predict(pairs, activation_fn=IDENTITY)
+    recorder.add(arch, "float32", "raw logits, SDPA attention", ours, theirs)
+    assert_as_exact_as_the_oracle(arch, pairs, ours, theirs, logit_tolerance(arch), recorder, activation_fn=IDENTITY)
