@@ -146,9 +146,14 @@ class Scorer:
 
     # -- the engine ---------------------------------------------------------------------------------
     def _check_max_length(self, max_length: int, remedy: str, source: str = "") -> None:
-        """Refuse a max_length the position table cannot embed (sentence-transformers would fail on the first pair
-        that long) or one pair of which the token budget cannot hold. ``remedy``: "pass" (to the Scorer) or "use"
-        (per call), and ``source`` (" (from ...)") for the message."""
+        """Refuse a max_length below a pair's special tokens (the tokenizer could not truncate to it), one the position
+        table cannot embed (sentence-transformers would fail on the first pair that long) or one pair of which the
+        token budget cannot hold. ``remedy``: "pass" (to the Scorer) or "use" (per call), and ``source``
+        (" (from ...)") for the message."""
+        specials = self.tokenizer.specials
+        if max_length < specials:
+            raise ValueError(f"max_length={max_length}{source} cannot hold the {specials} special tokens of a pair; "
+                             f"{remedy} max_length>={specials}")
         limit = position_limit(self.hf_config)
         if limit is not None and max_length > limit:
             raise ValueError(
@@ -171,9 +176,6 @@ class Scorer:
         if max_length is None:
             return None
         max_length = whole_number("max_length", max_length)
-        if max_length < self.tokenizer.specials:
-            raise ValueError(f"max_length={max_length} cannot hold the {self.tokenizer.specials} special tokens of a "
-                             f"pair; use max_length>={self.tokenizer.specials}")
         self._check_max_length(max_length, "use")
         return max_length
 

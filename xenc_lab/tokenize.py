@@ -157,12 +157,7 @@ class PairTokenizer:
         if save.text_max_length is not None and max_length is None:
             self.max_length, source = save.text_max_length, f"{save.module_config}'s processing_kwargs"
         self.max_length_source = source  # where a max_length not passed came from (None: passed), for messages
-        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
-        if self.max_length < specials:  # the tokenizer would not truncate at all, and pairs would run long
-            raise ValueError(
-                f"max_length={self.max_length}{self.from_where()} cannot hold the {specials} special tokens of a pair; "
-                f"pass max_length>={specials}"
-            )
+        specials = self.tokenizer.num_special_tokens_to_add(pair=True)  # a max_length below is refused by the Scorer
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
         self.specials = specials
         self.layout: PairLayout | None = None  # None: the tokenizer truncates pairs itself

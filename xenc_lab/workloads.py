@@ -5,6 +5,8 @@ model: ``short`` is MS MARCO-like, ``mixed`` has a tail past 512 tokens, ``long`
 """
 from __future__ import annotations
 
+import csv
+import json
 import random
 
 _VOCAB = (
@@ -81,7 +83,6 @@ def load_pairs(path) -> list[tuple[str, str]]:
     A UTF-8 byte-order mark is skipped. Every pair must be two strings; anything else, or a file that cannot be read
     as UTF-8 text, is a ValueError naming the file (and the line). A header naming no known field is read as a pair.
     """
-    import csv
     from pathlib import Path
 
     path = Path(path)
@@ -102,9 +103,6 @@ def load_pairs(path) -> list[tuple[str, str]]:
 
 
 def _read_pairs(path, suffix: str) -> list[tuple[str, str]]:
-    import csv
-    import json
-
     pairs: list[tuple[str, str]] = []
     with path.open(encoding="utf-8-sig", newline="") as f:
         if suffix == ".jsonl":
