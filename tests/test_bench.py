@@ -313,13 +313,18 @@ def test_the_memory_probe_reports_scorings_own_peak_over_the_loaded_model_and_in
     assert probe["loaded_rss"] > 100 and probe["input_rss"] >= probe["loaded_rss"] * 0.9
     if Path("/proc/self/clear_refs").exists():  # the high-water mark was reset before scoring
         assert probe["peak_is_scoring_s"] and probe["input_rss"] * 0.9 <= probe["peak_rss"] < probe["input_rss"] * 1.5
+    # CPU batches are bucketed: at most 8 token counts within the budget, whatever the input
+    assert 1 <= probe["token_counts"] <= 8 and probe["token_counts"] <= probe["batch_shapes"]
 
 
 def test_the_memory_note_gives_scorings_growth_over_the_loaded_model_and_input():
-    small = {"loaded_rss": 500.0, "input_rss": 504.0, "peak_rss": 650.0, "peak_is_scoring_s": True}
-    large = {"loaded_rss": 500.0, "input_rss": 540.0, "peak_rss": 688.0, "peak_is_scoring_s": True}
+    small = {"loaded_rss": 500.0, "input_rss": 504.0, "peak_rss": 650.0, "peak_is_scoring_s": True,
+             "batch_shapes": 12, "token_counts": 6}
+    large = {"loaded_rss": 500.0, "input_rss": 540.0, "peak_rss": 688.0, "peak_is_scoring_s": True,
+             "batch_shapes": 15, "token_counts": 8}
     note = bench.memory_note(small, large, "bfloat16", "cpu")
     assert "held 504 MB for 2,000 pairs and 540 MB for 20,000 (500 and 500 MB before the input)" in note
     assert "the peak while scoring was 650 and 688 MB, +146 and +148 MB over that for 10x the input." in note
+    assert "The runs met 6 and 8 batch token counts (12 and 15 batch shapes)." in note
     lifetime = bench.memory_note({**small, "peak_is_scoring_s": False}, large, "bfloat16", "cpu")
     assert "the process's lifetime peak (loading included" in lifetime

@@ -20,30 +20,70 @@ from .conftest import PAIRS
     lengths=st.lists(st.integers(1, 512), min_size=1, max_size=64),
     page_size=st.sampled_from([1, 4, 8, 12, 16, 64]),
     budget=st.sampled_from([1000, 4096, 8192]),
+    bucket_length=st.booleans(),
 )
-def test_bucket_shape_holds_the_batch_in_whole_pages_within_the_budget(lengths, page_size, budget):
+def test_bucket_shape_holds_the_batch_in_whole_pages_within_the_budget(lengths, page_size, budget, bucket_length):
     max_pages = pages_for(budget, page_size)
     tokens, pairs, longest = sum(lengths), len(lengths), max(lengths)
     if pages_for(tokens, page_size) > max_pages:
         return
-    T, B, L = bucket_shape(tokens, pairs, longest, page_size, max_pages)
+    T, B, L = bucket_shape(tokens, pairs, longest, page_size, max_pages, bucket_length)
     assert T >= tokens and T % page_size == 0 and T <= max_pages * page_size
+    assert T < pages_for(tokens, page_size) * page_size + max(1, max_pages // 8) * page_size  # filler < one step
     assert B >= pairs and B < 2 * pairs
     # L holds the slot past the longest pair that pack lays out, in its alignment, whatever the page size
-    assert L >= pages_for(longest + 1, ATTENTION_ALIGN) * ATTENTION_ALIGN and L % ATTENTION_ALIGN == 0
-    assert L <= 2 * max(longest, page_size) + page_size + ATTENTION_ALIGN
+    exact = pages_for(longest + 1, ATTENTION_ALIGN) * ATTENTION_ALIGN
+    assert L >= exact and L % ATTENTION_ALIGN == 0
+    assert L <= 2 * max(longest, page_size) + page_size + ATTENTION_ALIGN if bucket_length else L == exact
     enc = Encodings(np.ones(tokens, dtype=np.int64), None, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
     batch = pack(enc, np.arange(pairs), page_size, 0, (T, B, L))
     assert (batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen) == (T, max(B, MIN_SEQUENCES), L)
 
 
-def test_a_long_mixed_run_meets_a_handful_of_shapes():
+@pytest.mark.parametrize("bucket_length", [True, False])
+def test_a_long_mixed_run_meets_a_handful_of_shapes(bucket_length):
     rng = np.random.default_rng(0)  # 3,000 pair lengths shaped like the mixed workload: most short, a tail to 512
     lengths = np.minimum(np.concatenate([rng.integers(20, 90, 1500), rng.integers(90, 300, 1050), rng.integers(300, 700, 450)]), 512)
-    batches = plan_batches(lengths, 16, 512)
-    shapes = {bucket_shape(int(lengths[b].sum()), len(b), int(lengths[b].max()), 16, 512) for b in batches}
+    batches = plan_batches(lengths, 16, 256)
+    shapes = {bucket_shape(int(lengths[b].sum()), len(b), int(lengths[b].max()), 16, 256, bucket_length) for b in batches}
     plain = {(pages_for(int(lengths[b].sum()), 16), len(b), int(lengths[b].max())) for b in batches}
-    assert len(shapes) <= 16 and 3 * len(shapes) < len(plain), (len(shapes), len(plain))
+    assert len({T for T, _, _ in shapes}) <= 8 < len({T for T, _, _ in plain}) / 2  # oneDNN meets few row counts
+    assert len({B for _, B, _ in shapes}) <= 9 < len({B for _, B, _ in plain})
+    if bucket_length:  # one CUDA graph per shape
+        assert len(shapes) <= 16 and 3 * len(shapes) < len(plain), (len(shapes), len(plain))
+
+
+def test_the_runner_buckets_cpu_batches_unless_asked_not_to_and_cuda_graph_batches_only(monkeypatch):
+    from xenc_lab import runner
+    from xenc_lab.runner import ModelRunner
+
+    monkeypatch.setattr(runner, "flash_capable", lambda device: True)  # the one GPU query at load
+    lengths = np.array([300, 200, 41])
+    cpu = ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"))
+    assert cpu.batch_shapes == "bucketed" and cpu.batch_shape(lengths, 16, 256) == (1024, 4, 304)
+    assert ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"), compile=True).batch_shapes == "bucketed"
+    assert ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda")).batch_shape(lengths, 16, 256) is None
+    graphs = ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda"), compile=True)
+    assert graphs.batch_shapes == "graphs" and graphs.batch_shape(lengths, 16, 256) == (1024, 4, 512)
+    monkeypatch.setenv("XENC_LAB_CPU_BATCH_SHAPES", "exact")
+    assert ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu")).batch_shape(lengths, 16, 256) is None
+    monkeypatch.setenv("XENC_LAB_CPU_BATCH_SHAPES", "static")
+    with pytest.raises(ValueError, match="XENC_LAB_CPU_BATCH_SHAPES must be one of bucketed, exact"):
+        ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"))
+
+
+def test_cpu_scoring_runs_on_bucket_shapes_and_scores_as_exact_shapes_do(tiny_dir, monkeypatch):
+    """oneDNN keeps memory for each GEMM shape it meets: a CPU run meets at most 8 token counts per budget."""
+    pairs = PAIRS + make_pairs("mixed", 120, seed=5)
+    bucketed = Scorer(tiny_dir, device="cpu", max_batch_tokens=1024)
+    scores = bucketed.predict(pairs, activation_fn=torch.nn.Identity(), batch_size=7)
+    token_counts = {T for T, _, _ in bucketed.runner.shapes}
+    assert token_counts <= {128 * k for k in range(1, 9)} and len(token_counts) >= 3, token_counts
+    assert all(B == 16 or (B & (B - 1) == 0 and B > 16) for _, B, _ in bucketed.runner.shapes)
+    monkeypatch.setenv("XENC_LAB_CPU_BATCH_SHAPES", "exact")
+    exact = Scorer(tiny_dir, device="cpu", max_batch_tokens=1024)
+    np.testing.assert_allclose(exact.predict(pairs, activation_fn=torch.nn.Identity(), batch_size=7), scores, atol=1e-5, rtol=0)
+    assert len({T for T, _, _ in exact.runner.shapes}) > len(token_counts)
 
 
 def test_padding_a_batch_to_a_bucket_shape_changes_no_logit(scorer):
@@ -60,7 +100,7 @@ def test_padding_a_batch_to_a_bucket_shape_changes_no_logit(scorer):
 def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_shape(tiny_dir):
     eager = Scorer(tiny_dir, device="cpu")
     compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
-    assert compiled.runner.compiled and not compiled.runner.static_shapes
+    assert compiled.runner.compiled and not compiled.runner.cuda_graphs
     pairs = PAIRS + make_pairs("short", 40, seed=2)
     np.testing.assert_allclose(compiled.predict(pairs), eager.predict(pairs), atol=1e-5, rtol=0)
     graphs, shapes = compiled.runner.graphs, set(compiled.runner.shapes)
@@ -79,9 +119,9 @@ def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_
 
     monkeypatch.setattr(runner, "flash_capable", lambda device: True)  # the one GPU query at load
     cuda = ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda"), compile=True)
-    assert cuda.static_shapes and cuda.compile_options["triton.cudagraphs"] is True
+    assert cuda.cuda_graphs and cuda.compile_options["triton.cudagraphs"] is True
     cpu = ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"), compile=True)
-    assert not cpu.static_shapes and "triton.cudagraphs" not in cpu.compile_options
+    assert not cpu.cuda_graphs and "triton.cudagraphs" not in cpu.compile_options
     from torch._inductor import config as inductor_config
 
     if hasattr(inductor_config, "emulate_precision_casts"):
@@ -205,10 +245,10 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
     eager = Scorer(tiny_dir, device="cpu", max_batch_tokens=256)
     np.testing.assert_allclose(eager.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
     assert calls, "attention must have run through varlen_attn"
-    eager.runner.static_shapes = True  # pad to bucket shapes, as compile=True on CUDA does
+    eager.runner.batch_shapes = "graphs"  # pad to bucket shapes, as compile=True on CUDA does
     np.testing.assert_allclose(eager.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
     compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
-    compiled.runner.static_shapes = True
+    compiled.runner.batch_shapes = "graphs"
     calls.clear()
     np.testing.assert_allclose(compiled.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
     assert calls and compiled.runner.graphs <= 2 < len(compiled.runner.shapes)

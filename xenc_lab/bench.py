@@ -556,6 +556,8 @@ except OSError:
 scores = scorer.predict(pairs, show_progress_bar=False)
 assert len(scores) == n
 out["peak_rss"] = status("VmHWM") if out["peak_is_scoring_s"] else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["batch_shapes"] = len(scorer.runner.shapes)
+out["token_counts"] = len({T for T, _, _ in scorer.runner.shapes})
 if scorer.device.type == "cuda":
     out["peak_gpu"] = torch.cuda.max_memory_allocated(scorer.device) / 2**20
 print(json.dumps(out))
@@ -573,7 +575,8 @@ def peak_memory_mb(
 ) -> dict:
     """Memory (MB) of a fresh process that scores ``n_pairs`` pairs on ``device`` with ``max_batch_tokens`` (default:
     the Scorer's) and ``threads`` (default: this process's): resident memory after loading the model and scoring 16 pairs
-    (``loaded_rss``), after building the input (``input_rss``), and the peak while scoring (``peak_rss``). On Linux
+    (``loaded_rss``), after building the input (``input_rss``), and the peak while scoring (``peak_rss``); how many
+    batch shapes (``batch_shapes``) and token counts (``token_counts``) the model met, loading included. On Linux
     the kernel's high-water mark is reset before scoring, so the peak is scoring's own (``peak_is_scoring_s``);
     elsewhere it is the process's lifetime peak, which loading may set. On CUDA also the most GPU memory torch held
     at once (``peak_gpu``)."""
@@ -587,17 +590,19 @@ def peak_memory_mb(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def memory_note(small: dict, large: dict, dtype: str, device: str, sizes: tuple[int, int] = (2000, 20000)) -> str:
+def memory_note(small: dict, large: dict, dtype: str, device: str, sizes: tuple[int, int] = (2000, 20000),
+                workload: str = "mixed") -> str:
     """The report's sentence on two ``peak_memory_mb`` probes of ``sizes`` pairs."""
     (n_small, n_large), grow = sizes, lambda probe: probe["peak_rss"] - probe["input_rss"]
     what = "the peak while scoring" if small["peak_is_scoring_s"] and large["peak_is_scoring_s"] else (
         "the process's lifetime peak (loading included: no high-water mark to reset here)")
     note = (
-        f"Memory of a fresh process scoring short pairs in {dtype} on {device}: with the model loaded and the input "
+        f"Memory of a fresh process scoring {workload} pairs in {dtype} on {device}: with the model loaded and the input "
         f"built it held {small['input_rss']:.0f} MB for {n_small:,} pairs and {large['input_rss']:.0f} MB for "
         f"{n_large:,} ({small['loaded_rss']:.0f} and {large['loaded_rss']:.0f} MB before the input); {what} was "
         f"{small['peak_rss']:.0f} and {large['peak_rss']:.0f} MB, {grow(small):+.0f} and {grow(large):+.0f} MB over that "
-        f"for {n_large // n_small}x the input."
+        f"for {n_large // n_small}x the input. The runs met {small['token_counts']} and {large['token_counts']} batch "
+        f"token counts ({small['batch_shapes']} and {large['batch_shapes']} batch shapes)."
     )
     if "peak_gpu" in small:
         note += f" Peak GPU memory held by torch: {small['peak_gpu']:.0f} MB and {large['peak_gpu']:.0f} MB."

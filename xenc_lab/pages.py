@@ -53,16 +53,27 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def bucket_shape(tokens: int, pairs: int, longest: int, page_size: int, max_pages: int) -> tuple[int, int, int]:
-    """Quantize a batch's (tokens, pairs, attention length) to a few shapes, for compiled forwards.
+def bucket_shape(
+    tokens: int,
+    pairs: int,
+    longest: int,
+    page_size: int,
+    max_pages: int,
+    bucket_length: bool = True,
+) -> tuple[int, int, int]:
+    """Quantize a batch's (tokens, pairs, attention length) to a few shapes.
 
-    Tokens go up to a multiple of an eighth of the budget (never past it), pairs up to a power of two, and the
-    attention length (which keeps a slot past the longest pair, see batch.pack) up to a power of two pages, then to
-    a multiple of ATTENTION_ALIGN: a long run meets a handful of shapes, and the filler costs at most an eighth of
-    the per-token work.
+    Tokens go up to a multiple of an eighth of the budget (never past it), pairs up to a power of two, and, where
+    ``bucket_length``, the attention length (which keeps a slot past the longest pair, see batch.pack) up to a power
+    of two pages, then to a multiple of ATTENTION_ALIGN; else it stays the batch's own. A long run meets a handful of
+    shapes, at most 8 token counts, and the filler costs at most an eighth of the per-token work.
     """
     pages = min(_round_up(pages_for(tokens, page_size), max(1, max_pages // 8)), max_pages)
-    length_pages = 1 << (pages_for(longest, page_size) - 1).bit_length()
-    if length_pages * page_size <= longest:  # a pair exactly a power of two pages long: one more page
-        length_pages += 1
-    return pages * page_size, 1 << (pairs - 1).bit_length(), _round_up(length_pages * page_size, ATTENTION_ALIGN)
+    if bucket_length:
+        length_pages = 1 << (pages_for(longest, page_size) - 1).bit_length()
+        if length_pages * page_size <= longest:  # a pair exactly a power of two pages long: one more page
+            length_pages += 1
+        length = _round_up(length_pages * page_size, ATTENTION_ALIGN)
+    else:
+        length = _round_up(longest + 1, ATTENTION_ALIGN)
+    return pages * page_size, 1 << (pairs - 1).bit_length(), length

@@ -6,14 +6,17 @@ import functools
 import platform
 import time
 
+import numpy as np
 import torch
 from torch import nn
 
 from .batch import PackedBatch
 from .config import env_choice
 from .layers import flash_capable
+from .pages import bucket_shape
 
 CUDA_COMPILES = ("dynamic", "static")
+CPU_BATCH_SHAPES = ("bucketed", "exact")
 
 
 def _graphs_compiled() -> int:
@@ -51,12 +54,23 @@ def keep_freed_batches() -> bool:
 class ModelRunner:
     """Runs the model on packed batches, compiled or not.
 
-    Compiled on the CPU, the forward is traced once with symbolic sizes (batches are whole pages; the GEMMs
-    and attention are opaque ops, and inductor fuses what lies between them), so any batch reuses the one
-    graph and nothing is padded. On CUDA, "reduce-overhead" records a CUDA graph per shape, which must be
-    static: there the caller pads batches to page-quantized bucket shapes (``pages.bucket_shape``), and a
-    long run records a handful of CUDA graphs rather than one per batch. Inductor compiles the CUDA forward
-    once with symbolic sizes too, and each new bucket shape costs a graph recording, not a compilation;
+    Batch shapes (``batch_shapes``, the (T, B, L) that ``batch_shape`` gives a batch):
+    - ``"bucketed"``, the CPU's: tokens up to a multiple of an eighth of the budget, sequences up to a power of two,
+      the attention length the batch's own. oneDNN keeps what it builds for each GEMM shape it meets (its primitive
+      cache and ideep's, up to 1,024 entries each; about 0.5 MB per linear layer and row count at MiniLM's shapes,
+      measured), so with a shape per batch memory grew with the input: a fresh process scoring mixed pairs in
+      bfloat16 on MiniLM-L6 took 637 MB over what it held before scoring for 20,000 pairs, 139 MB bucketed (111 MB
+      for 2,000). The filler is 1-2.5% more tokens on the benchmark's workloads; alternating in one process, bucketed
+      runs scored within 1-3% of exact ones' pairs/s, about the machine's noise. ``XENC_LAB_CPU_BATCH_SHAPES=exact``
+      runs each batch at its own shape instead.
+    - ``"graphs"``, compile=True on CUDA: "reduce-overhead" records a CUDA graph per shape, which must be static,
+      so the attention length is bucketed too, and tokens to an eighth of the budget: a long run records a
+      handful of CUDA graphs rather than one per batch.
+    - ``"exact"``, eager on CUDA: each batch its own shape (whole pages).
+
+    Compiled on the CPU, the forward is traced once with symbolic sizes (the GEMMs and attention are opaque ops,
+    and inductor fuses what lies between them), so any batch reuses the one graph. Inductor compiles the CUDA
+    forward once with symbolic sizes too, and each new bucket shape costs a graph recording, not a compilation;
     ``XENC_LAB_CUDA_COMPILE=static`` compiles one graph per bucket shape instead (benchmarks compare them)."""
 
     MAX_GRAPHS = 64  # compiled graphs kept before torch.compile would fall back to eager
@@ -65,9 +79,15 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.compiled = compile
-        self.static_shapes = compile and device.type == "cuda"
+        self.cuda_graphs = compile and device.type == "cuda"
+        if self.cuda_graphs:
+            self.batch_shapes = "graphs"
+        elif device.type == "cpu":
+            self.batch_shapes = env_choice("XENC_LAB_CPU_BATCH_SHAPES", CPU_BATCH_SHAPES) or "bucketed"
+        else:
+            self.batch_shapes = "exact"
         # Symbolic sizes: on the CPU one graph serves every batch; on CUDA one compilation serves every bucket.
-        self.dynamic = not self.static_shapes or env_choice("XENC_LAB_CUDA_COMPILE", CUDA_COMPILES) != "static"
+        self.dynamic = not self.cuda_graphs or env_choice("XENC_LAB_CUDA_COMPILE", CUDA_COMPILES) != "static"
         self.compile_options = self._compile_options() if compile else {}
         self._forward = torch.compile(model, dynamic=self.dynamic, options=self.compile_options) if compile else model
         self.shapes: set[tuple[int, int, int]] = set()  # (T, B, L) of every batch run so far
@@ -78,6 +98,13 @@ class ModelRunner:
         self.graphs = 0  # graphs compiled for this model
         self.compile_seconds = 0.0  # time of the calls that compiled one
 
+    def batch_shape(self, lengths: np.ndarray, page_size: int, max_pages: int) -> tuple[int, int, int] | None:
+        """The (T, B, L) to pad a batch of pairs of these token ``lengths`` to, or None: its own shape."""
+        if self.batch_shapes == "exact":
+            return None
+        return bucket_shape(int(lengths.sum()), len(lengths), int(lengths.max()), page_size, max_pages,
+                            bucket_length=self.batch_shapes == "graphs")
+
     def _compile_options(self) -> dict:
         """Inductor's options: on CUDA those of mode "reduce-overhead" (CUDA graphs; torch.compile takes a mode or
         options, not both). Everywhere, inductor keeps the roundings to bf16/fp16 that eager code does
@@ -86,7 +113,7 @@ class ModelRunner:
         import torch._inductor
         from torch._inductor import config as inductor_config
 
-        options = dict(torch._inductor.list_mode_options("reduce-overhead")) if self.static_shapes else {}
+        options = dict(torch._inductor.list_mode_options("reduce-overhead")) if self.cuda_graphs else {}
         if hasattr(inductor_config, "emulate_precision_casts"):
             options["emulate_precision_casts"] = True
         return options
