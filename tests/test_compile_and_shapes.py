@@ -1,4 +1,4 @@
-"""Page-quantized shapes for compiled forwards: few shapes, same scores."""
+"""Page-quantized batch shapes (CPU buckets, CUDA graphs, compiled forwards): few shapes, same scores."""
 from __future__ import annotations
 
 import numpy as np
