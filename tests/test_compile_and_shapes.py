@@ -102,7 +102,7 @@ def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_sha
     compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
     assert compiled.runner.compiled and not compiled.runner.cuda_graphs
     pairs = PAIRS + make_pairs("short", 40, seed=2)
-    np.testing.assert_allclose(compiled.predict(pairs), eager.predict(pairs), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(compiled.predict(pairs, batch_size=8), eager.predict(pairs), atol=1e-5, rtol=0)
     graphs, shapes = compiled.runner.graphs, set(compiled.runner.shapes)
     assert 1 <= graphs <= 2 and len(shapes) >= 3, (graphs, shapes)
     assert all(T % 16 == 0 for T, _, _ in shapes)
@@ -252,3 +252,38 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
     calls.clear()
     np.testing.assert_allclose(compiled.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
     assert calls and compiled.runner.graphs <= 2 < len(compiled.runner.shapes)
+
+
+@pytest.mark.parametrize(
+    ("name", "pads"), [("bert", False), ("distilbert", False), ("modernbert-cls", False), ("modernbert-mean", True), ("deberta-v3", True)]
+)
+def test_a_model_pads_pairs_where_its_attention_or_pooling_lays_them_out_padded(name, pads, tmp_path, monkeypatch):
+    """Attention on the packed stream (the CPU kernel) leaves batches free to mix lengths; SDPA, DeBERTa's relative
+    positions and mean pooling lay the pairs out (pairs, longest pair), and their batches keep ATTENTION_SLACK."""
+    from parity_tests.zoo import build_model
+    from xenc_lab import kernels
+
+    if not kernels.load():
+        pytest.skip("the CPU kernel could not be built here: attention takes SDPA")
+    path = build_model(name, tmp_path)
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "kernel")
+    assert Scorer(path, device="cpu").runner.pads_pairs is pads
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "sdpa")
+    assert Scorer(path, device="cpu").runner.pads_pairs is True
+
+
+def test_batches_on_the_packed_stream_fill_the_budget_and_score_as_slack_bounded_ones(tiny_dir):
+    from xenc_lab import kernels
+
+    if not kernels.load():
+        pytest.skip("the CPU kernel could not be built here: attention takes SDPA")
+    pairs = PAIRS + make_pairs("mixed", 150, seed=6)
+    packed = Scorer(tiny_dir, device="cpu", max_batch_tokens=1024)
+    bounded = Scorer(tiny_dir, device="cpu", max_batch_tokens=1024)
+    assert packed.runner.pads_pairs is False
+    bounded.runner.pads_pairs = True  # as a model on SDPA would plan
+    lengths = packed.tokenizer([a for a, _ in pairs], [b for _, b in pairs]).lengths
+    fewer, more = packed.runner.plan(lengths, 16, 64), bounded.runner.plan(lengths, 16, 64)
+    assert len(fewer) < len(more), (len(fewer), len(more))
+    assert [b.tolist() for b in fewer] == [b.tolist() for b in plan_batches(lengths, 16, 64, slack=None)]
+    np.testing.assert_allclose(packed.predict(pairs), bounded.predict(pairs), atol=1e-6, rtol=0)

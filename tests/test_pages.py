@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from xenc_lab.pages import ATTENTION_SLACK, pages_for, plan_batches
@@ -15,7 +15,7 @@ FAST = settings(max_examples=100, deadline=None)
 
 @st.composite
 def plans(draw):
-    """(lengths, page_size, max_pages, max_pairs) with every length fitting one batch's budget."""
+    """(lengths, page_size, max_pages, max_pairs, slack) with every length fitting one batch's budget."""
     page_size = draw(st.integers(1, 32))
     max_pages = draw(st.integers(1, 48))
     budget = page_size * max_pages
@@ -23,14 +23,15 @@ def plans(draw):
     pool = draw(st.lists(st.integers(1, budget), min_size=1, max_size=6))
     lengths = draw(st.lists(st.sampled_from(pool), min_size=0, max_size=80))
     max_pairs = draw(st.none() | st.integers(1, 12))
-    return np.asarray(lengths, dtype=np.int64), page_size, max_pages, max_pairs
+    slack = draw(st.sampled_from([ATTENTION_SLACK, None]))  # None: attention on the packed stream
+    return np.asarray(lengths, dtype=np.int64), page_size, max_pages, max_pairs, slack
 
 
 @FAST
 @given(plans())
 def test_plan_batches_places_every_pair_exactly_once(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    batches = plan_batches(lengths, page_size, max_pages, max_pairs)
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    batches = plan_batches(lengths, page_size, max_pages, max_pairs, slack)
     placed = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
     assert sorted(placed.tolist()) == list(range(len(lengths)))
     assert all(len(b) > 0 for b in batches), "no empty batches"
@@ -39,33 +40,34 @@ def test_plan_batches_places_every_pair_exactly_once(plan):
 @FAST
 @given(plans())
 def test_plan_batches_keeps_each_batch_within_its_page_count(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    for b in plan_batches(lengths, page_size, max_pages, max_pairs):
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    for b in plan_batches(lengths, page_size, max_pages, max_pairs, slack):
         assert pages_for(int(lengths[b].sum()), page_size) <= max_pages, (lengths[b].tolist(), page_size, max_pages)
 
 
 @FAST
 @given(plans())
 def test_plan_batches_keeps_padded_attention_within_the_slack_of_real_tokens(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    for b in plan_batches(lengths, page_size, max_pages, max_pairs):
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    assume(slack is not None)  # without a padded layout, batches fill to the budget (the closing test)
+    for b in plan_batches(lengths, page_size, max_pages, max_pairs, slack):
         if len(b) > 1:  # a lone pair is its own layout
-            assert len(b) * int(lengths[b].max()) <= ATTENTION_SLACK * int(lengths[b].sum())
+            assert len(b) * int(lengths[b].max()) <= slack * int(lengths[b].sum())
 
 
 @FAST
 @given(plans())
 def test_plan_batches_puts_at_most_max_pairs_in_a_batch(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    for b in plan_batches(lengths, page_size, max_pages, max_pairs):
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    for b in plan_batches(lengths, page_size, max_pages, max_pairs, slack):
         assert max_pairs is None or len(b) <= max_pairs
 
 
 @FAST
 @given(plans())
 def test_plan_batches_orders_pairs_longest_first_with_ties_in_input_order(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    batches = plan_batches(lengths, page_size, max_pages, max_pairs)
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    batches = plan_batches(lengths, page_size, max_pages, max_pairs, slack)
     flat = [int(i) for b in batches for i in b]
     assert flat == sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
     for earlier, later in itertools.pairwise(batches):
@@ -75,14 +77,14 @@ def test_plan_batches_orders_pairs_longest_first_with_ties_in_input_order(plan):
 @FAST
 @given(plans())
 def test_plan_batches_closes_a_batch_only_when_the_next_pair_would_break_a_limit(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    batches = plan_batches(lengths, page_size, max_pages, max_pairs)
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    batches = plan_batches(lengths, page_size, max_pages, max_pairs, slack)
     for b, nxt in itertools.pairwise(batches):
         grown = np.append(b, nxt[0])
         g = lengths[grown]
         assert (
             pages_for(int(g.sum()), page_size) > max_pages
-            or len(grown) * int(g.max()) > ATTENTION_SLACK * int(g.sum())
+            or (slack is not None and len(grown) * int(g.max()) > slack * int(g.sum()))
             or (max_pairs is not None and len(grown) > max_pairs)
         ), f"batch {lengths[b].tolist()} closed early; it could also hold {int(lengths[nxt[0]])}"
 
@@ -90,9 +92,9 @@ def test_plan_batches_closes_a_batch_only_when_the_next_pair_would_break_a_limit
 @FAST
 @given(plans())
 def test_plan_batches_is_deterministic(plan):
-    lengths, page_size, max_pages, max_pairs = plan
-    first = plan_batches(lengths, page_size, max_pages, max_pairs)
-    again = plan_batches(lengths.copy(), page_size, max_pages, max_pairs)
+    lengths, page_size, max_pages, max_pairs, slack = plan
+    first = plan_batches(lengths, page_size, max_pages, max_pairs, slack)
+    again = plan_batches(lengths.copy(), page_size, max_pages, max_pairs, slack)
     assert [b.tolist() for b in first] == [b.tolist() for b in again]
 
 
@@ -108,3 +110,10 @@ def test_plan_batches_rejects_a_pair_longer_than_the_batch_budget():
 @pytest.mark.parametrize(("tokens", "page_size", "pages"), [(0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (33, 1, 33)])
 def test_pages_for_rounds_up_to_whole_pages(tokens, page_size, pages):
     assert pages_for(tokens, page_size) == pages
+
+
+def test_plan_batches_without_slack_fills_batches_that_padded_attention_would_split():
+    # One long pair and many short ones: padded, the long pair's layout would hold 10x the real tokens.
+    lengths = np.array([100] + [10] * 30, dtype=np.int64)
+    assert len(plan_batches(lengths, 16, 32)) > 1
+    assert [b.tolist() for b in plan_batches(lengths, 16, 32, slack=None)] == [list(range(31))]

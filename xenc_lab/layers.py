@@ -33,6 +33,7 @@ from .kernels import (
     packed_attention_cpu,
     widened_gemm_available,
 )
+from .kernels import load as load_kernels
 from .tuning import PATHS, cpu_attention_path
 
 
@@ -89,13 +90,31 @@ def flash_capable(device: torch.device) -> bool:
 def _use_varlen(x: torch.Tensor, window: int | None, scale: float | None, head_dim: int) -> bool:
     """Whether attention on ``x`` runs in torch's flash varlen kernel: half precision on a CUDA GPU that has flash
     attention, head dims it takes (multiples of 8 up to 256), and a scale and window this torch can pass to it."""
-    if _varlen_attn is None or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+    return x.is_cuda and _varlen_runs(x.device, x.dtype, window, scale, head_dim)
+
+
+def _varlen_runs(device: torch.device, dtype: torch.dtype, window: int | None, scale: float | None, head_dim: int) -> bool:
+    if _varlen_attn is None or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
-    if head_dim % 8 or head_dim > 256 or not flash_capable(x.device):
+    if head_dim % 8 or head_dim > 256 or not flash_capable(device):
         return False
     if window is not None and not _VARLEN_TAKES_WINDOW:
         return False
     return scale is None or _VARLEN_TAKES_SCALE or scale == head_dim**-0.5
+
+
+def attends_packed(
+    device: torch.device, dtype: torch.dtype, num_heads: int, head_dim: int, scale: float | None = None,
+    window: int | None = None,
+) -> bool:
+    """Whether ``packed_attention`` and ``first_token_attention`` run on the packed stream itself at this device,
+    dtype and head shape: xenc_lab's kernel or its tile path on the CPU, flash varlen on CUDA. Where not, they lay
+    the batch out as (pairs, longest pair) padded sequences for SDPA, whose work then grows with the longest pair
+    times the pair count (``pages.plan_batches`` bounds that with ``ATTENTION_SLACK``)."""
+    if device.type == "cpu":
+        return cpu_attention_path(dtype, num_heads, head_dim) != "sdpa" and load_kernels()
+    # One query per pair with a window takes the padded path on CUDA (see first_token_attention).
+    return window is None and _varlen_runs(device, dtype, None, scale, head_dim)
 
 
 def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, window: int | None = None) -> torch.Tensor:

@@ -2,13 +2,14 @@
 
 A batch's token stream is its pairs laid end to end with no padding, rounded up to whole pages of
 ``page_size`` tokens; a batch holds at most ``max_pages`` pages. Pairs are taken longest first so that
-the pairs sharing a batch have similar lengths: attention, which runs per pair, then wastes little.
+the pairs sharing a batch have similar lengths: attention laid out per pair, padded to the batch's longest
+pair, then wastes little.
 """
 from __future__ import annotations
 
 import numpy as np
 
-ATTENTION_SLACK = 1.1  # padded attention slots per real token a batch may hold
+ATTENTION_SLACK = 1.1  # padded attention slots per real token a batch may hold, where attention is laid out padded
 ATTENTION_ALIGN = 8  # the per-pair attention layout's length L is a multiple of this (measured: 8 beats 1 and 16)
 
 
@@ -21,12 +22,14 @@ def plan_batches(
     page_size: int,
     max_pages: int,
     max_pairs: int | None = None,
+    slack: float | None = ATTENTION_SLACK,
 ) -> list[np.ndarray]:
     """Split pair indices into batches, longest pairs first.
 
-    Each batch keeps ``pages_for(sum(lengths)) <= max_pages`` and at most ``max_pairs`` pairs. Attention
-    runs per pair on a (pairs, longest) layout, so a batch also keeps that layout within ``ATTENTION_SLACK``
-    of its real tokens: long pairs are not batched with much shorter ones.
+    Each batch keeps ``pages_for(sum(lengths)) <= max_pages`` and at most ``max_pairs`` pairs. Where attention
+    runs on a (pairs, longest) padded layout, a batch also keeps that layout within ``slack`` times its real
+    tokens: long pairs are not batched with much shorter ones. ``slack=None`` (attention on the packed stream,
+    whose work does not depend on batchmates) fills each batch up to the budget: fewer, fuller batches.
     """
     budget = max_pages * page_size
     assert len(lengths) == 0 or int(lengths.max()) <= budget, (int(lengths.max()), budget)
@@ -37,7 +40,7 @@ def plan_batches(
         count = k - start
         if count and (
             pages_for(tokens + n, page_size) > max_pages
-            or (count + 1) * longest > ATTENTION_SLACK * (tokens + n)
+            or (slack is not None and (count + 1) * longest > slack * (tokens + n))
             or (max_pairs is not None and count == max_pairs)
         ):
             batches.append(order[start:k])

@@ -18,7 +18,7 @@ from .config import ScorerConfig, resolve_device, whole_number
 from .cpuinfo import HALF_UNITS, cpu_info, native_half_units
 from .layers import PrepackedLinear
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
-from .pages import pages_for, plan_batches
+from .pages import pages_for
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
 from .st_format import processing_max_length, read_cross_encoder_save
@@ -248,7 +248,7 @@ class Scorer:
         cfg = self.config
         with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
             for start, enc in self._tokenized_windows(text_1, text_2, max_length):
-                for pairs_idx in plan_batches(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
+                for pairs_idx in self.runner.plan(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
                     shape = self.runner.batch_shape(enc.lengths[pairs_idx], cfg.page_size, cfg.pages_per_batch)
                     batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id, shape)
                     rows = torch.from_numpy(pairs_idx + start).to(self.device, non_blocking=True)

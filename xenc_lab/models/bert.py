@@ -11,7 +11,14 @@ from torch import nn
 from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
-from ..layers import PrepackedLinear, first_token_self_attention, fuse_linears, linear_plus, packed_attention
+from ..layers import (
+    PrepackedLinear,
+    attends_packed,
+    first_token_self_attention,
+    fuse_linears,
+    linear_plus,
+    packed_attention,
+)
 
 
 class Embeddings(nn.Module):
@@ -43,6 +50,9 @@ class SelfAttention(nn.Module):
         d = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
+        return not attends_packed(device, dtype, self.num_heads, self.qkv.out_features // 3 // self.num_heads)
 
     def after_load(self) -> None:
         self.qkv = fuse_linears(self.query, self.key, self.value)

@@ -90,6 +90,9 @@ class DisentangledSelfAttention(nn.Module):
         if not self.share_att_key and "p2c" in self.pos_att:
             self.pos_query_proj = nn.Linear(d, hd)
 
+    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
+        return True  # relative-position biases and SDPA on the padded layout
+
     def after_load(self) -> None:
         """One (3hd, d) projection instead of three (query/key_proj stay when they also project positions)."""
         self.qkv = fuse_linears(self.query_proj, self.key_proj, self.value_proj)

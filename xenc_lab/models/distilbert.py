@@ -8,7 +8,7 @@ from torch import nn
 from transformers.activations import get_activation
 
 from ..batch import PackedBatch
-from ..layers import first_token_self_attention, fuse_linears, linear_plus, packed_attention
+from ..layers import attends_packed, first_token_self_attention, fuse_linears, linear_plus, packed_attention
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
 
@@ -30,6 +30,9 @@ class MultiHeadSelfAttention(nn.Module):
         self.n_heads = config.n_heads
         self.q_lin, self.k_lin, self.v_lin = (nn.Linear(config.dim, config.dim) for _ in range(3))
         self.out_lin = nn.Linear(config.dim, config.dim)
+
+    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
+        return not attends_packed(device, dtype, self.n_heads, self.qkv.out_features // 3 // self.n_heads)
 
     def after_load(self) -> None:
         self.qkv = fuse_linears(self.q_lin, self.k_lin, self.v_lin)

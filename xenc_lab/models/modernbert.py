@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..batch import PackedBatch
-from ..layers import first_token_attention, linear_plus, packed_attention, split_first, to_padded
+from ..layers import attends_packed, first_token_attention, linear_plus, packed_attention, split_first, to_padded
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -61,6 +61,9 @@ class Attention(nn.Module):
         self.window = config.local_attention if kind == "sliding_attention" else None
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
+
+    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
+        return not attends_packed(device, dtype, self.num_heads, self.head_dim, self.head_dim**-0.5, self.window)
 
     def forward(
         self, x: torch.Tensor, batch: PackedBatch, rope: dict, residual: torch.Tensor, first_only: bool = False
@@ -189,6 +192,10 @@ class ModernBertForSequenceClassification(nn.Module):
         """The head's linears, and with CLS pooling the last layer's (mean pooling reads every token)."""
         last = self.model.layers[-1].per_pair_linears() if self.pooling == "cls" else []
         return last + [self.head.dense, self.classifier]
+
+    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Mean pooling sums each pair's tokens on the padded layout."""
+        return self.pooling == "mean"
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         if self.pooling == "cls":
