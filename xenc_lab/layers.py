@@ -47,6 +47,17 @@ def from_padded(y: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return y.reshape(-1, *y.shape[2:])[batch.unpad_index]
 
 
+def mean_per_pair(x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """Each pair's mean over its tokens, (T, d) -> (B, d), on the packed stream: summed in float32 and rounded once to
+    x's dtype, as torch's sum over the padded (B, L, d) layout (transformers' mean pooling) is; only the order of the
+    float32 additions differs. Rows past the pairs (shape filler) hold zeros."""
+    B = batch.seq_lens.shape[0]
+    tokens = torch.arange(x.shape[0], device=x.device)
+    pair = torch.searchsorted(batch.cu_seqlens[1:], tokens.to(batch.cu_seqlens.dtype), right=True)  # filler tokens: past B - 1
+    sums = x.new_zeros(B + 1, x.shape[1], dtype=torch.float32).index_add_(0, pair, x.float())
+    return sums[:B].to(x.dtype) / batch.seq_lens[:, None]
+
+
 def _linear_rows(linear: nn.Module, start: int, stop: int, x: torch.Tensor, per_pair: bool = False) -> torch.Tensor:
     """Output features start:stop of ``linear`` on x. ``per_pair``: x holds one row per pair, which in float32 take
     torch's F.linear even where the layer is prepacked (see ``prepack_linears``)."""

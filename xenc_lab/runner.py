@@ -101,7 +101,7 @@ class ModelRunner:
     @functools.cached_property
     def pads_pairs(self) -> bool:
         """Whether the model lays a batch out as (pairs, longest pair) padded sequences anywhere (SDPA, DeBERTa's
-        relative positions, mean pooling), on this device at its dtype: each module that may says so
+        relative positions), on this device at its dtype: each module that may says so
         (``pads_pairs``); a model whose modules say nothing is taken to. Read at the first plan, when the CPU's
         attention path (``tuning``) is known."""
         dtype = next(self.model.parameters()).dtype

@@ -1,9 +1,8 @@
 """ModernBERT, packed: rotary positions with a theta per layer kind, global and sliding-window attention,
 a GeGLU MLP, pre-norm layers, and a CLS or mean-pooled classification head.
 
-Everything but attention runs on the (T, d) stream; attention goes to the (B, L) layout per pair, with
-the key mask on global layers and ``|i - j| <= local_attention // 2`` on sliding ones, as transformers'
-SDPA path. Attribute names mirror the checkpoints; LayerNorms carry a bias only when ``norm_bias``.
+Everything runs on the (T, d) stream, mean pooling too; attention runs within each pair, over all of its
+tokens on global layers and ``|i - j| <= local_attention // 2`` on sliding ones, as transformers' SDPA path. Attribute names mirror the checkpoints; LayerNorms carry a bias only when ``norm_bias``.
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..batch import PackedBatch
-from ..layers import attends_packed, first_token_attention, linear_plus, packed_attention, split_first, to_padded
+from ..layers import attends_packed, first_token_attention, linear_plus, mean_per_pair, packed_attention, split_first
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -193,17 +192,10 @@ class ModernBertForSequenceClassification(nn.Module):
         last = self.model.layers[-1].per_pair_linears() if self.pooling == "cls" else []
         return last + [self.head.dense, self.classifier]
 
-    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
-        """Mean pooling sums each pair's tokens on the padded layout."""
-        return self.pooling == "mean"
-
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         if self.pooling == "cls":
             pooled = self.model.final_norm(self.model(batch, first_only=True))  # (B, d)
         else:
-            x = self.model(batch)  # (T, d)
             # As transformers: (hidden * mask).sum(1) / mask.sum(1), over the pair's real tokens.
-            B, L = batch.seq_lens.shape[0], batch.max_seqlen
-            hidden = to_padded(self.model.final_norm(x), batch) * batch.key_mask.view(B, L, 1)  # (B, L, d)
-            pooled = hidden.sum(dim=1) / batch.seq_lens[:, None]
+            pooled = mean_per_pair(self.model.final_norm(self.model(batch)), batch)
         return self.classifier(self.head(pooled))
