@@ -52,8 +52,8 @@ def mean_per_pair(x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     x's dtype, as torch's sum over the padded (B, L, d) layout (transformers' mean pooling) is; only the order of the
     float32 additions differs. Rows past the pairs (shape filler) hold zeros."""
     B = batch.seq_lens.shape[0]
-    tokens = torch.arange(x.shape[0], device=x.device)
-    pair = torch.searchsorted(batch.cu_seqlens[1:], tokens.to(batch.cu_seqlens.dtype), right=True)  # filler tokens: past B - 1
+    tokens = torch.arange(x.shape[0], device=x.device, dtype=batch.cu_seqlens.dtype)
+    pair = torch.searchsorted(batch.cu_seqlens[1:], tokens, right=True)  # tokens past the pairs: row B at most
     sums = x.new_zeros(B + 1, x.shape[1], dtype=torch.float32).index_add_(0, pair, x.float())
     return sums[:B].to(x.dtype) / batch.seq_lens[:, None]
 

@@ -2,7 +2,8 @@
 a GeGLU MLP, pre-norm layers, and a CLS or mean-pooled classification head.
 
 Everything runs on the (T, d) stream, mean pooling too; attention runs within each pair, over all of its
-tokens on global layers and ``|i - j| <= local_attention // 2`` on sliding ones, as transformers' SDPA path. Attribute names mirror the checkpoints; LayerNorms carry a bias only when ``norm_bias``.
+tokens on global layers and ``|i - j| <= local_attention // 2`` on sliding ones, as transformers' SDPA path.
+Attribute names mirror the checkpoints; LayerNorms carry a bias only when ``norm_bias``.
 """
 from __future__ import annotations
 
