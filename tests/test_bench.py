@@ -76,6 +76,8 @@ def test_the_gemm_ceiling_is_measured_at_modernberts_geglu_width():
 
 
 def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
     rows = [
         bench.BenchRow("short", "float32", engine, 8, 90.0, rate, rate / 10.0, 100.0, 0.5, delta, 0.8)
         for engine, rate, delta in (("sentence-transformers", 10.0, 0.0), ("xenc_lab", 14.0, 3e-6))
@@ -84,11 +86,37 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
     text = path.read_text()
     assert "| short | float32 | xenc_lab | 8 | 90 | 14.0 | 1.40x |" in text
     assert (tmp_path / "throughput.png").stat().st_size > 1000
+    assert plt.get_fignums() == []  # written without pyplot: no figure left open in a notebook's session
     assert "moved between two identical calls" not in text and "compile=True" not in text
     assert "native bf16" not in text and "error vs ST's own" not in text  # float32 only: no such column
     record = json.loads((tmp_path / "throughput.json").read_text())
     assert record["command"] == "xenc-lab bench" and record["machine"] == bench.machine()
     assert [bench.BenchRow(**r) for r in record["rows"]] == rows
+
+
+def test_plot_draws_a_bar_per_workload_and_mode_at_its_pairs_per_s():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [
+        bench.BenchRow(workload, dtype, engine, 8, 90.0, rate, 1.0, 100.0, 0.5, 0.0, 0.8)
+        for workload, dtype, engine, rate in (
+            ("short", "float32", "sentence-transformers", 10.0), ("short", "float32", "xenc_lab", 14.0),
+            ("mixed", "float32", "sentence-transformers", 5.0), ("mixed", "float32", "xenc_lab", 9.0),
+            ("short", "bfloat16", "xenc_lab", 30.0),  # no mixed bf16 row: a zero-height bar
+        )
+    ]
+    fig, ax = plt.subplots()
+    assert bench.plot(rows, ax=ax) is fig
+    bars = {text.get_text(): [b.get_height() for b in c] for c, text in zip(ax.containers, ax.get_legend().get_texts())}
+    assert bars == {"xenc_lab bfloat16": [30.0, 0], "sentence-transformers float32": [10.0, 5.0],
+                    "xenc_lab float32": [14.0, 9.0]}
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["short", "mixed"]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="no benchmark rows"):
+        bench.plot([])
 
 
 def test_report_says_how_bf16_gemms_ran_here(tmp_path):

@@ -424,11 +424,6 @@ _FP16_NOTE = (
 def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
     """reports/throughput.md and reports/throughput.png from benchmark rows, and the rows themselves with the
     machine and the command in reports/throughput.json (for comparing runs)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if not rows:
         raise ValueError(f"no benchmark rows to report: {out_dir} is left as it was")
     out_dir = Path(out_dir)
@@ -509,10 +504,26 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     record = {"machine": machine(devices[0]), "command": command, "notes": notes, "rows": as_dicts(rows)}
     (out_dir / "throughput.json").write_text(json.dumps(record, indent=1) + "\n")
 
+    from matplotlib.figure import Figure  # not pyplot: no backend is chosen for the process, no figure left open
+
+    plot(rows, ax=Figure(figsize=(8, 4)).subplots()).savefig(out_dir / "throughput.png", dpi=120)
+    return out_dir / "throughput.md"
+
+
+def plot(rows: list[BenchRow], ax=None):
+    """Bars of pairs/s by workload, one per (dtype, engine): the report's figure, for a notebook too. Draws on
+    ``ax`` if given, else on a new pyplot figure, and returns the figure."""
+    if not rows:
+        raise ValueError("no benchmark rows to plot")
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+    else:
+        fig = ax.figure
     modes = sorted({(r.dtype, r.engine) for r in rows})
     workloads = list(dict.fromkeys(r.workload for r in rows))
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / max(len(modes), 1)
+    width = 0.8 / len(modes)
     for i, (dtype, engine) in enumerate(modes):
         rates = [next((r.pairs_per_s for r in rows if (r.workload, r.dtype, r.engine) == (w, dtype, engine)), 0) for w in workloads]
         ax.bar(np.arange(len(workloads)) + i * width, rates, width, label=f"{engine} {dtype}")
@@ -521,9 +532,7 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     ax.set_title("Cross-encoder throughput (higher is better)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "throughput.png", dpi=120)
-    plt.close(fig)
-    return out_dir / "throughput.md"
+    return fig
 
 
 _MEMORY_PROBE = """
