@@ -75,6 +75,24 @@ def test_load_pairs_reads_tsv_with_or_without_a_header(tmp_path):
     assert load_pairs(bare) == [("what is x?", "x, y and z.")]
 
 
+def test_load_pairs_reads_rerank_lists_triplets_and_ms_marco_top1000_rows(tmp_path):
+    jsonl = tmp_path / "mine.jsonl"
+    jsonl.write_text(
+        '{"query": "q1", "documents": ["d1", "d2", "d3"]}\n'  # one query, many documents
+        '{"anchor": "q2", "positive": "p2", "negative": "n2"}\n'  # sentence-transformers' triplets
+        '{"query": "q3", "positive": "p3", "negatives": ["n3", "m3"]}\n'
+        '{"question": "q4", "answer": "a4"}\n'
+    )
+    assert load_pairs(jsonl) == [("q1", "d1"), ("q1", "d2"), ("q1", "d3"), ("q2", "p2"), ("q2", "n2"), ("q3", "p3"),
+                                 ("q3", "n3"), ("q3", "m3"), ("q4", "a4")]
+    headed = tmp_path / "triplets.csv"
+    headed.write_text("query,positive,negative\nq,p,n\n")
+    assert load_pairs(headed) == [("q", "p"), ("q", "n")]
+    top1000 = tmp_path / "top1000.dev.tsv"  # qid, pid, query, passage, no header
+    top1000.write_text("188714\t1000052\tfoods to lower blood sugar\tWatch portion sizes.\n2\t7\tq\tp\n")
+    assert load_pairs(top1000) == [("foods to lower blood sugar", "Watch portion sizes."), ("q", "p")]
+
+
 @pytest.mark.parametrize(
     "name, text, message",
     [
@@ -85,6 +103,9 @@ def test_load_pairs_reads_tsv_with_or_without_a_header(tmp_path):
         ("e.tsv", "a\tb\tc\n", "e.tsv:1: expected two columns"),
         ("f.tsv", "query\tpassage\nq\n", "f.tsv:2: expected 2 fields"),
         ("g.jsonl", "\n", "no pairs found"),
+        ("h.jsonl", '{"query": "q", "documents": ["a", 3]}\n', "h.jsonl:1: query and passages must be strings .* got int"),
+        ("i.jsonl", '{"query": null, "passage": "p"}\n', "i.jsonl:1: query and passages must be strings .* got NoneType"),
+        ("j.tsv", "q\tx\tq\tp\n", "j.tsv:1: expected two columns .* four .* got 4 columns"),
     ],
 )
 def test_load_pairs_names_the_file_and_line_of_bad_input(tmp_path, name, text, message):

@@ -56,11 +56,15 @@ def make_pairs(kind: str = "mixed", n: int = 1000, seed: int = 0) -> list[tuple[
     return pairs
 
 
-QUERY_COLUMNS = ("query", "text_1", "question", "sentence1")
-PASSAGE_COLUMNS = ("passage", "document", "text_2", "doc", "text", "sentence2")
+QUERY_COLUMNS = ("query", "text_1", "question", "sentence1", "anchor")
+PASSAGE_COLUMNS = ("passage", "document", "text_2", "doc", "text", "sentence2", "positive", "answer", "context",
+                   "response", "documents", "passages")
+NEGATIVE_COLUMNS = ("negative", "negatives")  # beside a passage field: more passages for the same query
 
 
-def _pair_from_columns(row: dict, where: str) -> tuple[str, str]:
+def _pairs_from_columns(row: dict, where: str) -> list[tuple[str, str]]:
+    """The (query, passage) pairs of one record: its passage field, then its negatives, each a string or (in JSON)
+    a list of strings, one pair each."""
     query = next((c for c in QUERY_COLUMNS if c in row), None)
     passage = next((c for c in PASSAGE_COLUMNS if c in row), None)
     if query is None or passage is None:
@@ -68,17 +72,33 @@ def _pair_from_columns(row: dict, where: str) -> tuple[str, str]:
             f"{where}: expected a query field (one of {QUERY_COLUMNS}) and a passage field "
             f"(one of {PASSAGE_COLUMNS}), got fields {sorted(row)}"
         )
-    return row[query], row[passage]
+    passages = []
+    for field in (passage, *(c for c in NEGATIVE_COLUMNS if c in row)):
+        value = row[field]
+        passages += value if isinstance(value, list) else [value]
+    pairs = [(row[query], text) for text in passages]
+    if not all(isinstance(text, str) for pair in pairs for text in pair):
+        kinds = sorted({type(text).__name__ for pair in pairs for text in pair} - {"str"})
+        raise ValueError(f"{where}: query and passages must be strings (a passage field may be a list of them), got {', '.join(kinds)}")
+    return pairs
+
+
+def _is_id(text: str) -> bool:
+    return text.strip().isdigit()
 
 
 def load_pairs(path) -> list[tuple[str, str]]:
     """(query, passage) pairs from a file, for benchmarking on a workload of one's own.
 
-    - ``.jsonl``: one JSON object per line with a query field (``query``, ``text_1``, ``question`` or
-      ``sentence1``) and a passage field (``passage``, ``document``, ``text_2``, ``doc``, ``text`` or
-      ``sentence2``), or a two-element list ``[query, passage]``.
-    - ``.tsv`` / ``.csv``: a header naming those fields, or no header and exactly two columns. A ``.tsv``
-      is read as MS MARCO's files are written: quotes are text, not quoting. A ``.csv`` follows csv quoting.
+    - ``.jsonl``: one JSON object per line with a query field (``query``, ``text_1``, ``question``, ``sentence1``
+      or ``anchor``) and a passage field (``passage``, ``document``, ``text_2``, ``doc``, ``text``, ``sentence2``,
+      ``positive``, ``answer``, ``context``, ``response``, ``documents`` or ``passages``), or a two-element list
+      ``[query, passage]``. A passage field may hold a list of passages (the /rerank shape: one query, many
+      documents), and a ``negative`` or ``negatives`` field beside it more of them (sentence-transformers'
+      (anchor, positive, negative) triplets): each passage makes a pair with the query, in that order.
+    - ``.tsv`` / ``.csv``: a header naming those fields, or no header and two columns (query, passage) or four
+      (qid, pid, query, passage, as MS MARCO's top-1000 files: the first two are integer ids). A ``.tsv`` is read
+      as MS MARCO's files are written: quotes are text, not quoting. A ``.csv`` follows csv quoting.
 
     A UTF-8 byte-order mark is skipped. Every pair must be two strings; anything else, or a file that cannot be read
     as UTF-8 text, is a ValueError naming the file (and the line). A header naming no known field is read as a pair.
@@ -114,16 +134,15 @@ def _read_pairs(path, suffix: str) -> list[tuple[str, str]]:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
                 if isinstance(item, dict):
-                    pair = _pair_from_columns(item, f"{path}:{n}")
+                    pairs += _pairs_from_columns(item, f"{path}:{n}")
                 elif isinstance(item, list) and len(item) == 2:
-                    pair = tuple(item)
+                    if not all(isinstance(text, str) for text in item):
+                        raise ValueError(
+                            f"{path}:{n}: query and passage must be strings, got {' and '.join(type(t).__name__ for t in item)}"
+                        )
+                    pairs.append((item[0], item[1]))
                 else:
                     raise ValueError(f"{path}:{n}: expected an object or a [query, passage] list, got {line.strip()[:80]!r}")
-                if not all(isinstance(text, str) for text in pair):
-                    raise ValueError(
-                        f"{path}:{n}: query and passage must be strings, got {' and '.join(type(t).__name__ for t in pair)}"
-                    )
-                pairs.append((pair[0], pair[1]))
         else:
             options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {"delimiter": ","}
             rows = list(csv.reader(f, **options))
@@ -135,11 +154,14 @@ def _read_pairs(path, suffix: str) -> list[tuple[str, str]]:
                 if named:
                     if len(row) != len(header):
                         raise ValueError(f"{path}:{n}: expected {len(header)} fields as in the header, got {len(row)}")
-                    pairs.append(_pair_from_columns(dict(zip(header, row)), f"{path}:{n}"))
+                    pairs += _pairs_from_columns(dict(zip(header, row)), f"{path}:{n}")
                 elif len(row) == 2:
                     pairs.append((row[0], row[1]))
+                elif len(row) == 4 and _is_id(row[0]) and _is_id(row[1]):
+                    pairs.append((row[2], row[3]))
                 else:
                     raise ValueError(
-                        f"{path}:{n}: expected two columns (query, passage) or a header naming them, got {len(row)} columns"
+                        f"{path}:{n}: expected two columns (query, passage), four (qid, pid, query, passage: integer "
+                        f"ids first), or a header naming them, got {len(row)} columns"
                     )
     return pairs
