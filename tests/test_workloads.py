@@ -103,8 +103,8 @@ def test_load_pairs_reads_rerank_lists_triplets_and_ms_marco_top1000_rows(tmp_pa
         ("e.tsv", "a\tb\tc\n", "e.tsv:1: expected two columns"),
         ("f.tsv", "query\tpassage\nq\n", "f.tsv:2: expected 2 fields"),
         ("g.jsonl", "\n", "no pairs found"),
-        ("h.jsonl", '{"query": "q", "documents": ["a", 3]}\n', "h.jsonl:1: query and passages must be strings .* got int"),
-        ("i.jsonl", '{"query": null, "passage": "p"}\n', "i.jsonl:1: query and passages must be strings .* got NoneType"),
+        ("h.jsonl", '{"query": "q", "documents": ["a", 3]}\n', "h.jsonl:1: query and passage must be strings .* got int"),
+        ("i.jsonl", '{"query": null, "passage": "p"}\n', "i.jsonl:1: query and passage must be strings .* got NoneType"),
         ("j.tsv", "q\tx\tq\tp\n", "j.tsv:1: expected two columns .* four .* got 4 columns"),
     ],
 )

@@ -79,12 +79,8 @@ def _pairs_from_columns(row: dict, where: str) -> list[tuple[str, str]]:
     pairs = [(row[query], text) for text in passages]
     if not all(isinstance(text, str) for pair in pairs for text in pair):
         kinds = sorted({type(text).__name__ for pair in pairs for text in pair} - {"str"})
-        raise ValueError(f"{where}: query and passages must be strings (a passage field may be a list of them), got {', '.join(kinds)}")
+        raise ValueError(f"{where}: query and passage must be strings (a passage field may hold a list of them), got {', '.join(kinds)}")
     return pairs
-
-
-def _is_id(text: str) -> bool:
-    return text.strip().isdigit()
 
 
 def load_pairs(path) -> list[tuple[str, str]]:
@@ -136,11 +132,7 @@ def _read_pairs(path, suffix: str) -> list[tuple[str, str]]:
                 if isinstance(item, dict):
                     pairs += _pairs_from_columns(item, f"{path}:{n}")
                 elif isinstance(item, list) and len(item) == 2:
-                    if not all(isinstance(text, str) for text in item):
-                        raise ValueError(
-                            f"{path}:{n}: query and passage must be strings, got {' and '.join(type(t).__name__ for t in item)}"
-                        )
-                    pairs.append((item[0], item[1]))
+                    pairs += _pairs_from_columns({"query": item[0], "passage": item[1]}, f"{path}:{n}")
                 else:
                     raise ValueError(f"{path}:{n}: expected an object or a [query, passage] list, got {line.strip()[:80]!r}")
         else:
@@ -157,7 +149,7 @@ def _read_pairs(path, suffix: str) -> list[tuple[str, str]]:
                     pairs += _pairs_from_columns(dict(zip(header, row)), f"{path}:{n}")
                 elif len(row) == 2:
                     pairs.append((row[0], row[1]))
-                elif len(row) == 4 and _is_id(row[0]) and _is_id(row[1]):
+                elif len(row) == 4 and row[0].strip().isdigit() and row[1].strip().isdigit():
                     pairs.append((row[2], row[3]))
                 else:
                     raise ValueError(
