@@ -223,7 +223,7 @@ def test_zoo_models_load_every_weight():
 def test_per_pair_linears_are_the_ones_fed_one_row_per_pair(arch):
     """The linears a model lists as per-pair, which float32 leaves torch's (MKL's, as the oracle's) rather than
     prepacked for oneDNN, are exactly those its forward feeds one row per pair (per pair slot of the batch)."""
-    from xenc_lab.layers import PrepackedLinear
+    from xenc_lab.cpu.prepacked import PrepackedLinear
 
     if DEVICE != "cpu":
         pytest.skip("prepacking is for the CPU")

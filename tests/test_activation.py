@@ -13,7 +13,7 @@ from torch import nn
 from xenc_lab import Scorer
 
 from .activations import ScaledTanh
-from .tiny import build_tiny
+from parity_tests.zoo import build_tiny
 
 ATOL = 1e-5
 PAIRS = [("how tall is everest", "Everest is 8,849 m high."), ("q", "d"), ("hello world", "")]

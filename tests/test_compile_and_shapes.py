@@ -1,6 +1,8 @@
 """Page-quantized batch shapes (CPU buckets, CUDA graphs, compiled forwards): few shapes, same scores."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +11,12 @@ from hypothesis import strategies as st
 
 from xenc_lab import Scorer
 from xenc_lab.batch import MIN_SEQUENCES, pack
+from xenc_lab.choices import resolve
+from xenc_lab.models import PackedModel
 from xenc_lab.pages import ATTENTION_ALIGN, bucket_shape, pages_for, plan_batches
+from xenc_lab.runner import ModelRunner
 from xenc_lab.tokenize import Encodings
-from xenc_lab.workloads import make_pairs
+from xenc_lab.bench.workloads import make_pairs
 
 from .conftest import PAIRS
 
@@ -53,23 +58,32 @@ def test_a_long_mixed_run_meets_a_handful_of_shapes(bucket_length):
         assert len(shapes) <= 16 and 3 * len(shapes) < len(plain), (len(shapes), len(plain))
 
 
-def test_the_runner_buckets_cpu_batches_unless_asked_not_to_and_cuda_graph_batches_only(monkeypatch):
-    from xenc_lab import runner
-    from xenc_lab.runner import ModelRunner
+class _Stub(PackedModel):
+    """A model with one parameter on the CPU: enough for a runner to plan and shape batches."""
 
-    monkeypatch.setattr(runner, "flash_capable", lambda device: True)  # the one GPU query at load
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+
+
+def _runner(device: str, compile: bool = False) -> ModelRunner:
+    """A runner with the choices a Scorer on ``device`` makes (no GPU is asked anything: no head shape)."""
+    return ModelRunner(_Stub(), resolve(torch.device(device), torch.float32, None, compile))
+
+
+def test_the_runner_buckets_cpu_batches_unless_asked_not_to_and_cuda_graph_batches_only(monkeypatch):
     lengths = np.array([300, 200, 41])
-    cpu = ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"))
+    cpu = _runner("cpu")
     assert cpu.batch_shapes == "bucketed" and cpu.batch_shape(lengths, 16, 256) == (1024, 4, 304)
-    assert ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"), compile=True).batch_shapes == "bucketed"
-    assert ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda")).batch_shape(lengths, 16, 256) is None
-    graphs = ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda"), compile=True)
+    assert _runner("cpu", compile=True).batch_shapes == "bucketed"
+    assert _runner("cuda").batch_shape(lengths, 16, 256) is None
+    graphs = _runner("cuda", compile=True)
     assert graphs.batch_shapes == "graphs" and graphs.batch_shape(lengths, 16, 256) == (1024, 4, 512)
     monkeypatch.setenv("XENC_LAB_CPU_BATCH_SHAPES", "exact")
-    assert ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu")).batch_shape(lengths, 16, 256) is None
+    assert _runner("cpu").batch_shape(lengths, 16, 256) is None
     monkeypatch.setenv("XENC_LAB_CPU_BATCH_SHAPES", "static")
     with pytest.raises(ValueError, match="XENC_LAB_CPU_BATCH_SHAPES must be one of bucketed, exact"):
-        ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"))
+        _runner("cpu")
 
 
 def test_cpu_scoring_runs_on_bucket_shapes_and_scores_as_exact_shapes_do(tiny_dir, monkeypatch):
@@ -100,7 +114,7 @@ def test_padding_a_batch_to_a_bucket_shape_changes_no_logit(scorer):
 def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_shape(tiny_dir):
     eager = Scorer(tiny_dir, device="cpu")
     compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
-    assert compiled.runner.compiled and not compiled.runner.cuda_graphs
+    assert compiled.runner.compiled and compiled.runner.batch_shapes == "bucketed"
     pairs = PAIRS + make_pairs("short", 40, seed=2)
     np.testing.assert_allclose(compiled.predict(pairs, batch_size=8), eager.predict(pairs), atol=1e-5, rtol=0)
     graphs, shapes = compiled.runner.graphs, set(compiled.runner.shapes)
@@ -114,14 +128,10 @@ def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_sha
 
 def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_of_options(monkeypatch):
     """Runs anywhere: torch.compile refuses a mode and options together, at the call, before any GPU is touched."""
-    from xenc_lab import runner
-    from xenc_lab.runner import ModelRunner
-
-    monkeypatch.setattr(runner, "flash_capable", lambda device: True)  # the one GPU query at load
-    cuda = ModelRunner(torch.nn.Linear(2, 2), torch.device("cuda"), compile=True)
-    assert cuda.cuda_graphs and cuda.compile_options["triton.cudagraphs"] is True
-    cpu = ModelRunner(torch.nn.Linear(2, 2), torch.device("cpu"), compile=True)
-    assert not cpu.cuda_graphs and "triton.cudagraphs" not in cpu.compile_options
+    cuda = _runner("cuda", compile=True)
+    assert cuda.batch_shapes == "graphs" and cuda.compile_options["triton.cudagraphs"] is True
+    cpu = _runner("cpu", compile=True)
+    assert cpu.batch_shapes == "bucketed" and "triton.cudagraphs" not in cpu.compile_options
     from torch._inductor import config as inductor_config
 
     if hasattr(inductor_config, "emulate_precision_casts"):
@@ -161,55 +171,51 @@ def test_every_tensor_of_a_bucket_shaped_batch_has_a_shape_set_by_the_bucket_alo
 
 
 def test_varlen_takes_a_scale_and_a_window_only_where_torchs_varlen_attn_has_the_argument(monkeypatch):
-    from types import SimpleNamespace
-
-    from xenc_lab import layers
+    from xenc_lab.ops import attention
 
     calls = []  # a stand-in kernel with neither argument, as torch's first varlen_attn had it
-    monkeypatch.setattr(layers, "_varlen_attn", lambda *args, **kwargs: calls.append(kwargs))
-    monkeypatch.setattr(layers, "_VARLEN_TAKES_SCALE", False)
-    monkeypatch.setattr(layers, "_VARLEN_TAKES_WINDOW", False)
-    monkeypatch.setattr(layers, "_FLASH_CAPABLE", {0: True, 1: False})  # an Ampere-or-newer GPU and an older one
+    monkeypatch.setattr(attention, "_varlen_attn", lambda *args, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(attention, "_VARLEN_TAKES_SCALE", False)
+    monkeypatch.setattr(attention, "_VARLEN_TAKES_WINDOW", False)
+    monkeypatch.setattr(attention, "_FLASH_CAPABLE", {0: True, 1: False})  # an Ampere-or-newer GPU and an older one
     cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
-    half_on_cuda = SimpleNamespace(is_cuda=True, dtype=torch.float16, device=cuda0)
-    assert layers._use_varlen(half_on_cuda, None, None, 64) and layers._use_varlen(half_on_cuda, None, 64**-0.5, 64)
-    assert not layers._use_varlen(half_on_cuda, None, 0.1, 64)  # another scale: the padded SDPA path
-    assert not layers._use_varlen(half_on_cuda, 128, None, 64)  # sliding window
-    assert not layers._use_varlen(SimpleNamespace(is_cuda=True, dtype=torch.float32, device=cuda0), None, None, 64)
-    assert not layers._use_varlen(SimpleNamespace(is_cuda=False, dtype=torch.float16, device=cuda0), None, None, 64)
+    assert attention.varlen_runs(cuda0, torch.float16, 64) and attention.varlen_runs(cuda0, torch.bfloat16, 64)
+    assert attention.varlen_takes(64) and attention.varlen_takes(64, 64**-0.5)
+    assert not attention.varlen_takes(64, 0.1)  # another scale: the padded SDPA path
+    assert not attention.varlen_takes(64, None, 128)  # sliding window
+    assert not attention.varlen_runs(cuda0, torch.float32, 64)
+    assert not attention.varlen_runs(torch.device("cpu"), torch.float16, 64)
     # flash attention needs compute capability 8.0 and a head dim that is a multiple of 8, at most 256
-    assert not layers._use_varlen(SimpleNamespace(is_cuda=True, dtype=torch.float16, device=cuda1), None, None, 64)
-    assert layers._use_varlen(half_on_cuda, None, None, 256) and not layers._use_varlen(half_on_cuda, None, None, 320)
-    assert not layers._use_varlen(half_on_cuda, None, None, 36)
-    layers._varlen(None, None, None, None, None, 1, 1, 64**-0.5)
-    monkeypatch.setattr(layers, "_VARLEN_TAKES_SCALE", True)
-    monkeypatch.setattr(layers, "_VARLEN_TAKES_WINDOW", True)
-    assert layers._use_varlen(half_on_cuda, 128, 0.1, 64)
-    layers._varlen(None, None, None, None, None, 1, 1, 0.1)
-    layers._varlen(None, None, None, None, None, 1, 1, None, 128)  # |i - j| <= 64 on either side
+    assert not attention.varlen_runs(cuda1, torch.float16, 64)
+    assert attention.varlen_runs(cuda0, torch.float16, 256) and not attention.varlen_runs(cuda0, torch.float16, 320)
+    assert not attention.varlen_runs(cuda0, torch.float16, 36)
+    attention._varlen(None, None, None, None, None, 1, 1, 64**-0.5)
+    monkeypatch.setattr(attention, "_VARLEN_TAKES_SCALE", True)
+    monkeypatch.setattr(attention, "_VARLEN_TAKES_WINDOW", True)
+    assert attention.varlen_takes(64, 0.1, 128)
+    attention._varlen(None, None, None, None, None, 1, 1, 0.1)
+    attention._varlen(None, None, None, None, None, 1, 1, None, 128)  # |i - j| <= 64 on either side
     assert calls == [{}, {"scale": 0.1}, {"window_size": (64, 64)}]
 
 
 def test_flash_capability_is_read_once_per_device_from_its_compute_capability(monkeypatch):
-    from xenc_lab import layers
+    from xenc_lab.ops import attention
 
     reads = []
-    monkeypatch.setattr(layers, "_FLASH_CAPABLE", {})
+    monkeypatch.setattr(attention, "_FLASH_CAPABLE", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: reads.append(i) or {0: (9, 0), 1: (7, 5)}[i])
-    assert layers.flash_capable(torch.device("cuda", 0)) and not layers.flash_capable(torch.device("cuda", 1))
-    assert layers.flash_capable(torch.device("cuda", 0)) and reads == [0, 1]
+    assert attention.flash_capable(torch.device("cuda", 0)) and not attention.flash_capable(torch.device("cuda", 1))
+    assert attention.flash_capable(torch.device("cuda", 0)) and reads == [0, 1]
 
 
 @pytest.fixture
 def varlen_on_cpu(monkeypatch):
-    """A function that sends attention to torch's own varlen_attn wherever it runs, its op given a CPU kernel here
-    (the stand-in of test_layers): the CUDA path's glue, through the real wrapper and op as torch.compile sees
-    them. Returns the kernel's calls."""
+    """A function that gives torch's own varlen_attn a CPU kernel (the stand-in of test_layers) and returns its calls,
+    and a function that puts a Scorer's attention on it, with the choices CUDA makes: the CUDA path's glue,
+    through the real wrapper and op as torch.compile sees them."""
     from torch.nn.attention import varlen
 
-    from xenc_lab import layers
-
-    from .test_layers import varlen_attn_on_the_cpu
+    from .test_attention import varlen_attn_on_the_cpu
 
     calls = []
 
@@ -221,14 +227,13 @@ def varlen_on_cpu(monkeypatch):
         out = varlen_attn_on_the_cpu(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window)
         return out, q.new_zeros(q.shape[1], q.shape[0], dtype=torch.float32), q.new_zeros(2, dtype=torch.uint64)
 
-    def enable():
+    def on_varlen(scorer: Scorer) -> Scorer:
         varlen._varlen_attn.register_kernel("cpu")(kernel)  # only calls that would fail otherwise reach it
-        monkeypatch.setattr(layers, "packed_attention_cpu", lambda *args, **kwargs: None)
-        monkeypatch.setattr(layers, "_use_varlen", lambda x, window, scale, head_dim: True)
-        monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "projected")  # the first-token attention CUDA runs
-        return calls
+        choices = dataclasses.replace(scorer.choices, attention="varlen", first_token_kv="projected")
+        scorer.choices = scorer.runner.choices = choices
+        return scorer
 
-    return enable
+    return on_varlen, calls
 
 
 def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compiled_equals_the_cpu_path(
@@ -241,13 +246,13 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
     ATOL = 5e-5
     pairs = PAIRS + make_pairs("mixed", 40, seed=4)
     want = Scorer(tiny_dir, device="cpu").predict(pairs, activation_fn=torch.nn.Identity())  # the CPU path
-    calls = varlen_on_cpu()
-    eager = Scorer(tiny_dir, device="cpu", max_batch_tokens=256)
+    on_varlen, calls = varlen_on_cpu
+    eager = on_varlen(Scorer(tiny_dir, device="cpu", max_batch_tokens=256))
     np.testing.assert_allclose(eager.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
     assert calls, "attention must have run through varlen_attn"
     eager.runner.batch_shapes = "graphs"  # pad to bucket shapes, as compile=True on CUDA does
     np.testing.assert_allclose(eager.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
-    compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
+    compiled = on_varlen(Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256))
     compiled.runner.batch_shapes = "graphs"
     calls.clear()
     np.testing.assert_allclose(compiled.predict(pairs, activation_fn=torch.nn.Identity()), want, rtol=0, atol=ATOL)
@@ -261,9 +266,9 @@ def test_a_model_pads_pairs_where_its_attention_lays_them_out_padded(name, pads,
     """Attention on the packed stream (the CPU kernel) leaves batches free to mix lengths; SDPA and DeBERTa's
     relative positions lay the pairs out (pairs, longest pair), and their batches keep ATTENTION_SLACK."""
     from parity_tests.zoo import build_model
-    from xenc_lab import kernels
+    from xenc_lab.cpu import native
 
-    if not kernels.load():
+    if not native.available():
         pytest.skip("the CPU kernel could not be built here: attention takes SDPA")
     path = build_model(name, tmp_path)
     monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "kernel")
@@ -273,9 +278,9 @@ def test_a_model_pads_pairs_where_its_attention_lays_them_out_padded(name, pads,
 
 
 def test_batches_on_the_packed_stream_fill_the_budget_and_score_as_slack_bounded_ones(tiny_dir):
-    from xenc_lab import kernels
+    from xenc_lab.cpu import native
 
-    if not kernels.load():
+    if not native.available():
         pytest.skip("the CPU kernel could not be built here: attention takes SDPA")
     pairs = PAIRS + make_pairs("mixed", 150, seed=6)
     packed = Scorer(tiny_dir, device="cpu", max_batch_tokens=1024)

@@ -9,13 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenc_lab import kernels, layers
-from xenc_lab.cpuinfo import CpuInfo
-from xenc_lab.layers import PrepackedLinear, onednn_bf16, onednn_fp16, prepack_linears
+from xenc_lab.choices import resolve
+from xenc_lab.cpu import gemm, kernels, native
+from xenc_lab.cpu.gemm import onednn_bf16, onednn_fp16
+from xenc_lab.cpu.info import CpuInfo
+from xenc_lab.cpu.prepacked import PrepackedLinear, prepack_linears
 
 # Built is enough to run the ops' own tests: a build whose self-check fails must fail them, not skip them.
 needs_gemm = pytest.mark.skipif(
-    not kernels.load() or not torch.ops.xenc_lab.gemm_f32_built(),
+    not native.available() or not torch.ops.xenc_lab.gemm_f32_built(),
     reason="xenc_lab's fp32 GEMMs are not built here (need AVX2 and FMA or AVX-512, and a torch with cpublas' fp32 "
     "brgemm)",
 )
@@ -232,18 +234,18 @@ def test_the_choice_is_measured_cpus_only_and_can_be_forced(monkeypatch):
     """``fused`` by default only where it was measured faster (x86 without AVX-512) and where it runs; the variable
     forces either way, ``fused`` falling back where it cannot run."""
     monkeypatch.delenv("XENC_LAB_F32_GELU_GEMM", raising=False)
-    monkeypatch.setattr(layers, "f32_gemm_available", lambda: True)
-    monkeypatch.setattr(layers, "cpu_info", lambda: CpuInfo("AuthenticAMD", "AMD EPYC", frozenset({"avx2", "fma"})))
-    assert layers.f32_gelu_gemm() == "fused"
-    monkeypatch.setattr(layers, "cpu_info", lambda: CpuInfo("GenuineIntel", "Xeon", frozenset({"avx2", "avx512f"})))
-    assert layers.f32_gelu_gemm() == "onednn"
+    monkeypatch.setattr(gemm, "f32_gemm_available", lambda: True)
+    monkeypatch.setattr(gemm, "cpu_info", lambda: CpuInfo("AuthenticAMD", "AMD EPYC", frozenset({"avx2", "fma"})))
+    assert gemm.f32_gelu_gemm() == "fused"
+    monkeypatch.setattr(gemm, "cpu_info", lambda: CpuInfo("GenuineIntel", "Xeon", frozenset({"avx2", "avx512f"})))
+    assert gemm.f32_gelu_gemm() == "onednn"
     monkeypatch.setenv("XENC_LAB_F32_GELU_GEMM", "fused")
-    assert layers.f32_gelu_gemm() == "fused"
-    monkeypatch.setattr(layers, "f32_gemm_available", lambda: False)
-    assert layers.f32_gelu_gemm() == "onednn"
+    assert gemm.f32_gelu_gemm() == "fused"
+    monkeypatch.setattr(gemm, "f32_gemm_available", lambda: False)
+    assert gemm.f32_gelu_gemm() == "onednn"
     monkeypatch.setenv("XENC_LAB_F32_GELU_GEMM", "sometimes")
     with pytest.raises(ValueError, match="XENC_LAB_F32_GELU_GEMM must be one of fused, onednn"):
-        layers.f32_gelu_gemm()
+        gemm.f32_gelu_gemm()
 
 
 needs_prepacked = pytest.mark.skipif(
@@ -344,14 +346,14 @@ def test_fp16_layers_are_prepacked_where_onednn_has_no_fp16_gemm(monkeypatch, on
     """Without oneDNN's fp16 GEMM (CPUs without AVX512-FP16 or AMX-FP16) torch's fp16 matmul runs through
     conversions; there fp16 layers take the fp32 route (exact fp16 products, fp32 sums, one rounding). Where oneDNN
     multiplies fp16 they stay torch's."""
-    monkeypatch.setattr("xenc_lab.layers.onednn_fp16", lambda: onednn)
+    monkeypatch.setattr("xenc_lab.cpu.prepacked.onednn_fp16", lambda: onednn)
     assert PrepackedLinear.supported(torch.float16, torch.device("cpu")) is not onednn
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(384, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
     model = model.half().requires_grad_(False)
     x = torch.randn(300, 384, dtype=torch.float16)
     want = model(x)
-    assert prepack_linears(model) == (0 if onednn else 2)
+    assert prepack_linears(model, resolve(torch.device("cpu"), torch.float16, None, False)) == (0 if onednn else 2)
     if not onednn:
         layer = model[0]
         assert isinstance(layer, PrepackedLinear) and layer.gemm == "fp32" and layer.weight.dtype == torch.float16
@@ -391,7 +393,7 @@ def assert_compiled_as_one_op(linear: PrepackedLinear, dtype: torch.dtype = torc
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_asked_for_where_it_does_not_run_the_layer_takes_torch_s_ops(monkeypatch, dtype):
-    monkeypatch.setattr("xenc_lab.layers.widened_gemm_available", lambda: False)
+    monkeypatch.setattr("xenc_lab.cpu.prepacked.widened_gemm_available", lambda: False)
     torch.manual_seed(2)
     linear = layer_of(dtype, 32, 48)
     layer = PrepackedLinear(linear, gemm="fp32", fused=True)

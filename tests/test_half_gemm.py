@@ -12,17 +12,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenc_lab import kernels
-from xenc_lab.cpuinfo import cpu_info
-from xenc_lab.layers import PrepackedLinear
+from xenc_lab.cpu import kernels, native
+from xenc_lab.cpu.info import cpu_info
+from xenc_lab.cpu.prepacked import PrepackedLinear
 
 from .test_f32_gemm import assert_compiled_as_one_op, exact
 from .test_f32_gemm import problem as f32_problem
-from .test_layers import needs_onednn_bf16
+from .test_prepacked import needs_onednn_bf16
 
 # Built is enough to run the op's own tests: a build whose self-check fails must fail them, not skip them.
 needs_half_gemm = pytest.mark.skipif(
-    not kernels.load() or not torch.ops.xenc_lab.half_gemm_built(),
+    not native.available() or not torch.ops.xenc_lab.half_gemm_built(),
     reason="xenc_lab's fp16 GEMM is not built here (needs AVX512-FP16 and a torch with cpublas' fp32 brgemm)",
 )
 
@@ -33,7 +33,7 @@ CHUNK, ROW_MAX = kernels.HALF_GEMM_CHUNK, kernels.HALF_GEMM_ROW_MAX
 def test_it_is_built_where_the_cpu_has_avx512_fp16():
     """A CPU with AVX512-FP16 gets the fp16 GEMM, and its self-check passes there (a faulty build would otherwise
     quietly fall back to the fp32 route)."""
-    if "avx512_fp16" not in cpu_info().flags or not kernels.load() or not torch.ops.xenc_lab.gemm_f32_built():
+    if "avx512_fp16" not in cpu_info().flags or not native.available() or not torch.ops.xenc_lab.gemm_f32_built():
         pytest.skip("no AVX512-FP16 here, or no native kernels with ATen's fp32 brgemm")
     assert torch.ops.xenc_lab.half_gemm_built() and kernels.half_gemm_available()
 
@@ -209,7 +209,7 @@ def test_bad_arguments_are_refused_with_what_was_expected():
     x, weight, b, residual = problem(10, 32, 20, seed=4)
     blocks, exponent, padded = kernels.half_blocks(weight, b)
     op = torch.ops.xenc_lab.linear_half
-    with pytest.raises(RuntimeError, match="2-D bfloat16"):
+    with pytest.raises(RuntimeError, match="(?i)2-D bfloat16"):
         op(x.float(), blocks, exponent, padded, 20, "none", None)
     with pytest.raises(RuntimeError, match="float16 blocks"):
         op(x[:, :16], blocks, exponent, padded, 20, "none", None)
@@ -281,7 +281,7 @@ def test_asked_for_where_it_cannot_run_the_layer_takes_the_fp32_route(monkeypatc
     broken = torch.nn.Linear(32, 48).to(torch.bfloat16).requires_grad_(False)
     broken.weight[3, 4] = float("nan")
     assert PrepackedLinear(broken, gemm="fp16").gemm == "fp32"  # a non-finite weight
-    monkeypatch.setattr("xenc_lab.layers.half_gemm_available", lambda: False)
+    monkeypatch.setattr("xenc_lab.cpu.prepacked.half_gemm_available", lambda: False)
     layer = PrepackedLinear(linear, gemm="fp16")
     assert layer.gemm == "fp32"
     x = torch.randn(20, 32, dtype=torch.bfloat16)

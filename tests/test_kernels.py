@@ -20,8 +20,8 @@ import textwrap
 import pytest
 import torch
 
-from xenc_lab import kernels
-from xenc_lab.cpuinfo import cpu_info
+from xenc_lab.cpu import kernels, native
+from xenc_lab.cpu.info import cpu_info
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 HEAD_DIMS = [16, 32, 64, 80]
@@ -30,7 +30,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # 
 
 @pytest.fixture(scope="module")
 def attention():
-    if not kernels._available():
+    if not native.available():
         pytest.skip("the native kernels could not be built here (see the 'xenc_lab' warning)")
     return kernels.packed_attention_cpu
 
@@ -294,7 +294,7 @@ def call_in_subprocess(env: dict[str, str]) -> tuple[bool, list[str]]:
         handler = logging.Handler()
         handler.emit = records.append
         logging.getLogger("xenc_lab").addHandler(handler)
-        from xenc_lab.kernels import packed_attention_cpu
+        from xenc_lab.cpu.kernels import packed_attention_cpu
         q, cu = torch.randn(4, 8), torch.tensor([0, 4])
         results = [packed_attention_cpu(q, q, q, cu, cu, 2, 0.5) for _ in range(3)]
         print(json.dumps([all(r is None for r in results), [f"{r.levelname} {r.getMessage()}" for r in records]]))
@@ -324,7 +324,7 @@ def test_a_build_killed_halfway_does_not_block_the_next(tmp_path):
 
     # -O0: this is about the build's files, not the code's speed, and halves the build's time
     env = {**os.environ, "XENC_LAB_CACHE": str(tmp_path), "XENC_LAB_KERNEL_CFLAGS": "-O0"}
-    code = "import torch; from xenc_lab.kernels import _available; print(_available())"
+    code = "import torch; from xenc_lab.cpu.native import available; print(available())"
     first = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not list(tmp_path.glob("kernels/*/*/build-*/*")) and time.time() < deadline:  # the build has begun
@@ -356,7 +356,7 @@ def test_the_builds_of_other_cpus(attention, build, monkeypatch):
     if own():
         pytest.skip(f"{build} is this CPU's default build, under test already")
     monkeypatch.setenv("XENC_LAB_KERNEL_CFLAGS", flags)
-    library = kernels._library_path(*kernels._compiler_flags())
+    library = native._library_path(*native._compiler_flags())
     numerical = "not subprocess and not environment and not compiler and not killed and not other_cpus and not traceable"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", numerical],

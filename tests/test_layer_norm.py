@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xenc_lab import kernels
-from xenc_lab.layers import RowLayerNorm, row_layer_norms
+from xenc_lab.cpu import kernels, native
+from xenc_lab.cpu.norm import RowLayerNorm, row_layer_norms
 
 
 def norms(d: int, dtype: torch.dtype, affine: str, seed: int) -> tuple[torch.nn.LayerNorm, torch.nn.LayerNorm]:
@@ -26,7 +26,7 @@ def norms(d: int, dtype: torch.dtype, affine: str, seed: int) -> tuple[torch.nn.
     return reference, fast
 
 
-@pytest.mark.skipif(not kernels.load(), reason="the native kernels could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the native kernels could not be built here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [7, 16, 33, 384, 1000])
 @pytest.mark.parametrize("affine", ["weight and bias", "weight only", "neither"])
@@ -50,7 +50,7 @@ def test_computes_what_torch_does(dtype, d, affine):
     )
 
 
-@pytest.mark.skipif(not kernels.load(), reason="the native kernels could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the native kernels could not be built here")
 def test_a_row_of_one_is_its_bias_exactly():
     _, fast = norms(1, torch.bfloat16, "weight and bias", seed=3)
     x = torch.randn(50, 1).bfloat16()
@@ -68,14 +68,14 @@ def test_torch_s_where_the_kernel_does_not_apply(monkeypatch):
     mixed.__class__ = RowLayerNorm
     x = torch.randn(5, 8).bfloat16()
     assert torch.equal(mixed(x), torch.nn.functional.layer_norm(x, (8,), mixed.weight, mixed.bias))
-    monkeypatch.setattr("xenc_lab.layers.layer_norm_cpu", lambda *args: None)  # the kernel not built
+    monkeypatch.setattr("xenc_lab.cpu.norm.layer_norm_cpu", lambda *args: None)  # the kernel not built
     x = torch.randn(5, 8).bfloat16()
     assert torch.equal(norm(x), torch.nn.functional.layer_norm(x, (8,), norm.weight, norm.bias))
     compiled = torch.compile(norm, fullgraph=True)  # inductor's own LayerNorm, fused with its neighbours
     torch.testing.assert_close(compiled(x), norm(x))
 
 
-@pytest.mark.skipif(not kernels.load(), reason="the native kernels could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the native kernels could not be built here")
 def test_bad_operands_are_refused():
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="2-D"):

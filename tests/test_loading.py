@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from xenc_lab import Scorer
+from xenc_lab.cpu import native
 from xenc_lab.models import ARCHITECTURES
 
 
@@ -160,11 +161,9 @@ def test_a_hub_id_is_found_in_the_huggingface_hub_cache_offline(tiny_dir, tmp_pa
 
 
 def test_loading_onto_the_cpu_builds_the_native_kernels_before_the_first_predict(tiny_dir, monkeypatch):
-    from xenc_lab import kernels
-
     builds = []
-    monkeypatch.setattr(kernels, "_answers", {})  # as in a fresh process
-    monkeypatch.setattr(kernels, "_build", lambda: builds.append(1) or False)
+    monkeypatch.setattr(native, "_answers", {})  # as in a fresh process
+    monkeypatch.setattr(native, "_build", lambda: builds.append(1) or False)
     Scorer(tiny_dir, device="cpu")
     assert builds == [1]  # built (or found) while loading, once; predict() then finds the answer cached
     Scorer(tiny_dir, device="cpu")
@@ -196,7 +195,7 @@ def test_16_bit_on_a_cpu_without_its_units_warns_that_float32_is_as_fast_or_fast
     ],
 )
 def test_native_half_units_are_read_from_the_cpu_flags(monkeypatch, machine, flags, expected):
-    from xenc_lab import cpuinfo
+    from xenc_lab.cpu import info as cpuinfo
 
     info = cpuinfo.CpuInfo("", "a CPU", frozenset(flags))
     monkeypatch.setattr(cpuinfo, "cpu_info", lambda: info)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from xenc_lab import Scorer, kernels
-from xenc_lab.kernels import packed_attention_cpu
+from xenc_lab import Scorer
+from xenc_lab.cpu import kernels, native
+from xenc_lab.cpu.kernels import packed_attention_cpu
 
 ATOL = 1e-5
 
@@ -103,8 +104,8 @@ def _half_test_pairs(dtype: str) -> list[tuple[str, str]]:
     """The 16-bit tests' pairs: mixed (a tail to 512 tokens) for bf16 where oneDNN multiplies bf16, short ones
     elsewhere. Without a GEMM of the dtype, sentence-transformers' 16-bit runs go through torch's conversions (55 s
     for 48 mixed pairs on an AVX2-only CPU, 17 s for short ones); fp16 runs so wherever these tests run."""
-    from xenc_lab.layers import onednn_bf16
-    from xenc_lab.workloads import make_pairs
+    from xenc_lab.cpu.gemm import onednn_bf16
+    from xenc_lab.bench.workloads import make_pairs
 
     return make_pairs("mixed" if dtype == "bfloat16" and onednn_bf16() else "short", 48, seed=5)
 
@@ -138,7 +139,7 @@ def test_bfloat16_error_is_no_larger_than_sentence_transformers_own(gemm, attent
     as fp32 GEMMs on the bf16 values and in xenc_lab's fp16 GEMM (eager and compiled), and with attention in SDPA
     (what CPUs with AMX may choose, ``tuning``). Where oneDNN has no bf16 GEMM (AVX2-only CPUs), the fp32 route
     runs by default, and these cases check it there."""
-    from xenc_lab.layers import onednn_bf16
+    from xenc_lab.cpu.gemm import onednn_bf16
 
     if gemm == "native" and not onednn_bf16():
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU (there bf16 layers take the fp32 route)")
@@ -157,7 +158,7 @@ def test_float16_error_is_that_of_sentence_transformers_own(monkeypatch):
     sentence-transformers' fp32 logits as its own fp16 logits are. On 256 short pairs (an AVX2-only CPU) the ratios
     were 0.99x on average and 1.07x at the worst pair; on this test's 48 short ones, 1.12x and 1.56x: the worst of 48
     is noisy, so it is bounded at 2x and the mean at 1.25x."""
-    from xenc_lab.layers import onednn_fp16
+    from xenc_lab.cpu.gemm import onednn_fp16
 
     if onednn_fp16():
         pytest.skip("oneDNN multiplies float16 on this CPU: float16 layers stay torch's")
@@ -170,15 +171,15 @@ def test_float16_error_is_that_of_sentence_transformers_own(monkeypatch):
 def _half_logits(dtype: str, gemm: str, attention: str, compile: bool, monkeypatch):
     """Our raw logits in ``dtype`` on the 16-bit tests' pairs, checked to have run as asked (every prepacked GEMM
     ``gemm``, attention in the kernel or not), with sentence-transformers' fp32 and ``dtype`` logits."""
-    from xenc_lab.layers import PrepackedLinear
+    from xenc_lab.cpu.prepacked import PrepackedLinear
     from xenc_lab.zoo import minilm_cross_encoder
 
     kernel_calls = []
-    monkeypatch.setattr("xenc_lab.layers.packed_attention_cpu", lambda *a: kernel_calls.append(1) or packed_attention_cpu(*a))
+    monkeypatch.setattr("xenc_lab.ops.attention.packed_attention_cpu", lambda *a: kernel_calls.append(1) or packed_attention_cpu(*a))
     scorer = Scorer(str(minilm_cross_encoder()), device="cpu", dtype=dtype, compile=compile)
     assert {m.gemm for m in scorer.model.modules() if isinstance(m, PrepackedLinear)} == {gemm}
     ours = scorer.predict(_half_test_pairs(dtype), activation_fn=torch.nn.Identity())
-    assert bool(kernel_calls) == (attention == "kernel" and kernels.load())
+    assert bool(kernel_calls) == (attention == "kernel" and native.available())
     exact, theirs = _crossencoder_logits("float32", dtype), _crossencoder_logits(dtype, dtype)
     assert np.abs(theirs - exact).max() > 1e-3, f"sentence-transformers' {dtype} run must differ from its fp32 run"
     return ours, exact, theirs
@@ -206,7 +207,7 @@ def test_repr_names_architecture_device_dtype_page_size_and_token_budget(tiny_di
 
 
 def test_repr_says_how_a_bf16_model_s_gemms_multiply(tiny_dir, monkeypatch):
-    from xenc_lab.layers import onednn_bf16
+    from xenc_lab.cpu.gemm import onednn_bf16
 
     if not onednn_bf16():
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")

@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenc_lab import kernels, tuning
+from xenc_lab.cpu import attention_paths as tuning, kernels, native
 from xenc_lab.batch import pack
-from xenc_lab.cpuinfo import CpuInfo, cpu_info
-from xenc_lab.layers import packed_attention
+from xenc_lab.cpu.info import CpuInfo, cpu_info
+from xenc_lab.ops.attention import packed_attention
 
 from .test_batch import encodings
 from .test_kernels import (
@@ -37,12 +37,12 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def runs_here(dtype: torch.dtype) -> bool:
-    return kernels._available() and kernels.tiles_available(dtype)
+    return native.available() and kernels.tiles_available(dtype)
 
 
 @pytest.fixture(params=DTYPES, ids=["bfloat16", "float16"])
 def dtype(request):
-    if not kernels._available():
+    if not native.available():
         pytest.skip("the native kernels could not be built here")
     if not runs_here(request.param):
         pytest.skip(f"the tile path does not run here in {request.param} (oneDNN's GEMMs take another layout or "
@@ -125,7 +125,7 @@ def test_packed_attention_on_tiles_equals_sdpa_on_each_pair_alone(case, num_head
     batch = pack(enc, pairs, page_size)
     d = num_heads * 16
     qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed)).to(dtype)
-    out = packed_attention(qkv, batch, num_heads, cpu_path="tiles")
+    out = packed_attention(qkv, batch, num_heads, "tiles")
     cu = batch.cu_seqlens.tolist()
     for s, e in itertools.pairwise(cu):
         q, k, v = (qkv[s:e, i * d : (i + 1) * d].double().view(e - s, num_heads, 16).transpose(0, 1) for i in range(3))
@@ -136,7 +136,7 @@ def test_packed_attention_on_tiles_equals_sdpa_on_each_pair_alone(case, num_head
 def test_it_runs_where_onednn_takes_vnni_pairs():
     """oneDNN's bf16 GEMMs take VNNI pairs on every CPU with AVX512-BF16 or AMX-BF16, and its fp16 GEMMs on CPUs with
     AMX-FP16: there the self-check must pass (a faulty path would otherwise make every test here skip)."""
-    if not kernels._available() or not torch.ops.xenc_lab.tiles_built():
+    if not native.available() or not torch.ops.xenc_lab.tiles_built():
         pytest.skip("the tile path is not built here (no AVX-512, or a torch without cpublas brgemm)")
     flags = cpu_info().flags
     if not {"avx512_bf16", "amx_bf16"} & flags:
@@ -152,13 +152,13 @@ def test_traceable_by_torch_compile(dtype):
 
 def test_float32_has_no_tile_path():
     assert not kernels.tiles_available(torch.float32)
-    if kernels._available() and torch.ops.xenc_lab.tiles_built():
+    if native.available() and torch.ops.xenc_lab.tiles_built():
         q, cu = torch.randn(4, 8), torch.tensor([0, 4])
         with pytest.raises(RuntimeError, match="bfloat16 or float16"):
             torch.ops.xenc_lab.packed_attention_tiles(q, q, q, cu, cu, 2, 0.5, -1)
 
 
-@pytest.mark.skipif(not kernels._available(), reason="the native kernels could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the native kernels could not be built here")
 @pytest.mark.parametrize("fault", ["raises", "wrong", "nan", "right"])
 def test_the_self_check_turns_a_faulty_tile_path_away(monkeypatch, fault):
     """Whether the tile path is used rests on a check against the kernel, not on the CPU's flags: a GEMM that
@@ -200,13 +200,14 @@ def test_a_bfloat16_model_scores_alike_on_the_tile_path(monkeypatch, tiny_dir):
     if not runs_here(torch.bfloat16):
         pytest.skip("the tile path does not run here in bfloat16")
     from xenc_lab import Scorer
-    from xenc_lab.workloads import make_pairs
+    from xenc_lab.bench.workloads import make_pairs
 
     pairs = make_pairs("mixed", 24, seed=5)
-    scorer = Scorer(tiny_dir, dtype="bfloat16")
     monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "kernel")
-    kernel = scorer.predict(pairs, activation_fn=torch.nn.Identity())
-    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "tiles")
+    kernel = Scorer(tiny_dir, dtype="bfloat16").predict(pairs, activation_fn=torch.nn.Identity())
+    monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "tiles")  # read when a Scorer loads, never while it scores
+    scorer = Scorer(tiny_dir, dtype="bfloat16")
+    assert scorer.choices.attention == "tiles"
     on_tiles = scorer.predict(pairs, activation_fn=torch.nn.Identity())
     assert np.std(kernel) > 0.1, "scores that barely vary would prove nothing"
     assert not np.array_equal(kernel, on_tiles), "the tile path did not run"

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from xenc_lab import kernels, tuning
-from xenc_lab.cpuinfo import CpuInfo
+from xenc_lab.cpu import attention_paths as tuning, kernels, native
+from xenc_lab.cpu.info import CpuInfo
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_float32_and_cpus_without_amx_run_the_kernel_without_measuring(cpu, monk
     assert calls == []
 
 
-@pytest.mark.skipif(not kernels.load(), reason="the CPU attention kernel could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the CPU attention kernel could not be built here")
 @pytest.mark.parametrize("faster", ["kernel", "tiles", "sdpa"])
 def test_with_amx_the_fastest_path_is_measured_once_and_recorded(cpu, monkeypatch, tmp_path, faster):
     calls = fake_rates(monkeypatch, kernel=200.0 if faster == "kernel" else 50.0, sdpa=100.0,
@@ -72,7 +72,7 @@ def test_with_amx_the_fastest_path_is_measured_once_and_recorded(cpu, monkeypatc
     assert set(record) == {key, f"bfloat16-16x64-{threads}threads-kernel+tiles+sdpa"}
 
 
-@pytest.mark.skipif(not kernels.load(), reason="the CPU attention kernel could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the CPU attention kernel could not be built here")
 def test_a_record_made_without_the_tile_path_is_measured_again_with_it(cpu, monkeypatch, tmp_path):
     """A record made where the tile path did not run (an older xenc_lab, or another torch) does not keep it out."""
     calls = fake_rates(monkeypatch, kernel=50.0, sdpa=100.0)
@@ -84,7 +84,7 @@ def test_a_record_made_without_the_tile_path_is_measured_again_with_it(cpu, monk
     assert len(calls) == len(again) == len(tuning.TUNING_LENGTHS)
 
 
-@pytest.mark.skipif(not kernels.load(), reason="the CPU attention kernel could not be built here")
+@pytest.mark.skipif(not native.available(), reason="the CPU attention kernel could not be built here")
 def test_the_measurement_times_every_path_on_this_cpu(cpu):
     """Unfaked: the paths that run here are timed at the model's head shapes and the choice is one of them."""
     rates = tuning.attention_rates(2, 8, torch.bfloat16, 40, tokens=400, repeats=2)

@@ -35,7 +35,7 @@ def demo(args: argparse.Namespace) -> int:
     from sentence_transformers import CrossEncoder
 
     from . import Scorer
-    from .workloads import make_pairs
+    from .bench.workloads import make_pairs
     from .zoo import minilm_cross_encoder
 
     if args.model is None:
@@ -89,7 +89,7 @@ def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import bench as B
-    from .workloads import load_pairs
+    from .bench.workloads import load_pairs
 
     workloads = list(args.workloads or ([] if args.pairs_file else ["short", "mixed", "long"]))
     for file in args.pairs_file or []:

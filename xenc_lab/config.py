@@ -1,10 +1,7 @@
-"""The one configuration object of a Scorer: what to load and how to batch it; and the environment variables
-that override choices xenc_lab makes from the machine (``XENC_LAB_BF16_GEMM``, ``XENC_LAB_CPU_ATTENTION``,
-``XENC_LAB_CUDA_COMPILE``)."""
+"""The one configuration object of a Scorer (what to load and how to batch it), and the checks of its arguments."""
 from __future__ import annotations
 
 import numbers
-import os
 from dataclasses import dataclass
 
 import torch
@@ -74,11 +71,3 @@ def resolve_device(device) -> torch.device:
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device {str(resolved)!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return resolved
-
-
-def env_choice(variable: str, choices: tuple[str, ...]) -> str | None:
-    """The choice an environment variable forces (one of ``choices``, any case), or None where it is unset."""
-    forced = os.environ.get(variable, "").strip().lower()
-    if forced and forced not in choices:
-        raise ValueError(f"{variable} must be one of {', '.join(choices)}, got {forced!r}")
-    return forced or None

@@ -11,8 +11,12 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
-from .layers import prepack_linears, row_layer_norms
-from .models import ARCHITECTURES
+from . import choices as engine_choices
+from .choices import Choices
+from .cpu.heap import keep_freed_batches
+from .cpu.norm import row_layer_norms
+from .cpu.prepacked import prepack_linears
+from .models import ARCHITECTURES, PackedModel
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ def position_limit(config: PretrainedConfig) -> int | None:
     return config.max_position_embeddings
 
 
-def build_model(config: PretrainedConfig) -> nn.Module:
+def build_model(config: PretrainedConfig) -> PackedModel:
     arch = architecture_of(config)
     if arch not in ARCHITECTURES:
         raise ValueError(
@@ -145,19 +149,18 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_model(
-    path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype, prepack: bool = True
-) -> nn.Module:
-    """The packed model with the checkpoint's weights, ready to run; ``prepack``: CPU linears get oneDNN's
-    weight layout (eager runs; torch.compile's inductor cannot lower those ops in float32), but in float32 those
-    that see one row per pair (``prepack_linears``)."""
+    path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype, compile: bool = False
+) -> tuple[PackedModel, Choices]:
+    """The packed model with the checkpoint's weights, ready to run, and the engine's choices for it, made once here.
+    On the CPU the linears take their GEMM routes' weight layouts (``cpu.prepacked``; in float32 but those that see
+    one row per pair) and 16-bit LayerNorms xenc_lab's row kernel."""
     model = build_model(config)
     load_weights(model, read_checkpoint(path))
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    # Hooks that derive what a checkpoint does not store (fused projections, rotary tables), on the target device.
-    for module in list(model.modules()):
-        if hasattr(module, "after_load"):
-            module.after_load()
-    if prepack:
-        prepack_linears(model, keep=model.per_pair_linears() if dtype == torch.float32 else ())
+    model.after_load()
+    choices = engine_choices.resolve(device, dtype, model.head_shape(), compile)
+    if device.type == "cpu":
+        keep_freed_batches()
+        prepack_linears(model, choices, keep=model.per_pair_linears() if dtype == torch.float32 else ())
         row_layer_norms(model)
-    return model
+    return model, choices

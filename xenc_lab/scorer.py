@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import reprlib
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,42 +11,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import kernels
 from .batch import pack
 from .config import ScorerConfig, resolve_device, whole_number
-from .cpuinfo import HALF_UNITS, cpu_info, native_half_units
-from .layers import PrepackedLinear
+from .cpu.info import HALF_UNITS, cpu_info, native_half_units
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
 from .pages import pages_for
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
+from .st_args import check_flags, check_ordered, is_single_pair, predict_names, rank_names, split_pairs
 from .st_format import processing_max_length, read_cross_encoder_save
 from .tokenize import PairTokenizer
 
 WINDOW = 1024  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
-
-
-def _is_single_pair(inputs) -> bool:
-    # sentence-transformers' rule: a list/tuple whose first element is not a list/tuple is one pair.
-    if isinstance(inputs, np.ndarray):
-        return inputs.ndim == 1 and inputs.size > 0
-    return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and not isinstance(inputs[0], (list, tuple, np.ndarray))
-
-
-def _split_pairs(pairs: list) -> tuple[list[str], list[str]]:
-    text_1, text_2 = [], []
-    for i, pair in enumerate(pairs):
-        sized = isinstance(pair, (list, tuple)) or (isinstance(pair, np.ndarray) and pair.ndim > 0)
-        if not sized or len(pair) != 2:
-            got = f"{type(pair).__name__} of length {len(pair)}" if sized else f"{type(pair).__name__} {reprlib.repr(pair)}"
-            raise ValueError(f"pair {i}: expected a (text_1, text_2) pair of two str, got {got}")
-        a, b = pair
-        for side, text in ((1, a), (2, b)):
-            if not isinstance(text, str):
-                raise TypeError(f"pair {i}: text_{side} must be str, got {type(text).__name__}")
-        text_1.append(a)
-        text_2.append(b)
-    return text_1, text_2
 
 
 class Scorer:
@@ -94,21 +69,19 @@ class Scorer:
         model_dir = self.save.model_dir  # the save's root, or its Transformer module's folder
         self.hf_config = load_config(model_dir, trust_remote_code, **self.save.config_kwargs)
         self.architecture = architecture_of(self.hf_config)
-        self.tokenizer = PairTokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save)
+        self.tokenizer = PairTokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save,
+                                       position_limit(self.hf_config))
         self._check_max_length(self.tokenizer.max_length, "pass", self.tokenizer.from_where())
         self.device = device
         if device.type == "cpu" and cfg.dtype in HALF_UNITS and native_half_units(cfg.dtype) is False:
-            # Measured on MiniLM-L6 on an AVX2-only CPU, short pairs: bfloat16 0.96x, float16 0.97x float32's pairs/s.
             warnings.warn(
                 f"dtype={cfg.dtype!r} on a CPU without {' or '.join(HALF_UNITS[cfg.dtype])} ({cpu_info().model}): "
                 f"its linear layers run as float32 GEMMs on the {cfg.dtype} values, no faster than dtype='float32', "
                 "and less exact",
                 stacklevel=2,
             )
-        model = load_model(model_dir, self.hf_config, self.device, self.config.torch_dtype)
-        self.runner = ModelRunner(model, self.device, compile)
-        if self.device.type == "cpu":
-            kernels.load()  # a first build belongs to loading, not to the first predict()
+        model, self.choices = load_model(model_dir, self.hf_config, self.device, cfg.torch_dtype, cfg.compile)
+        self.runner = ModelRunner(model, self.choices)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
         self.overlap_tokenization = True
@@ -135,9 +108,8 @@ class Scorer:
     def __repr__(self) -> str:
         c = self.config
         activation = type(self.activation_fn).__name__ if isinstance(self.activation_fn, torch.nn.Module) else repr(self.activation_fn)
-        # How a bf16 model's GEMMs multiply on this CPU ("native", "fp32" or "fp16": layers.bf16_gemm)
-        gemm = next((m.gemm for m in self.model.modules() if isinstance(m, PrepackedLinear)), None)
-        dtype = f"{c.dtype} (GEMMs: {gemm})" if gemm and c.dtype == "bfloat16" else c.dtype
+        gemm = self.choices.bf16_gemm  # how a bf16 model's GEMMs multiply on this CPU
+        dtype = f"{c.dtype} (GEMMs: {gemm})" if gemm else c.dtype
         return (
             f"Scorer(model={c.model!r}, architecture={self.architecture}, device={c.device!r}, dtype={dtype}, "
             f"page_size={c.page_size}, max_batch_tokens={c.max_batch_tokens}, max_length={self.max_length}, "
@@ -238,7 +210,7 @@ class Scorer:
 
         The logits gather on the model's device and come back in one copy at the end: on CUDA the host packs the
         next batch while the GPU runs this one (a copy back per batch would wait for each)."""
-        text_1, text_2 = _split_pairs(list(pairs))
+        text_1, text_2 = split_pairs(list(pairs))
         if prompt:
             text_1 = [prompt + t for t in text_1]
         n = len(text_1)
@@ -285,20 +257,20 @@ class Scorer:
         ``sentences`` and ``activation_fct`` (and ``num_workers``, ignored), work with a warning. Options are
         keyword-only: sentence-transformers v6 takes ``prompt_name`` second, earlier versions ``batch_size``.
         """
-        pairs, activation_fn = _predict_names(pairs, activation_fn, other_names)
+        pairs, activation_fn = predict_names(pairs, activation_fn, other_names)
         if batch_size is not None:
             batch_size = whole_number("batch_size", batch_size, optional=True)
-        _check_flags(show_progress_bar=show_progress_bar, apply_softmax=apply_softmax,
+        check_flags(show_progress_bar=show_progress_bar, apply_softmax=apply_softmax,
                      convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor)
         if activation_fn is not None and not callable(activation_fn):
             raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
         self._check_call_device(device)
         max_length = self._call_max_length(max_length, processing_kwargs)
         prompt = self._resolve_prompt(prompt, prompt_name)  # before an iterator of pairs is consumed
-        _check_ordered("pairs", pairs, "a (text_1, text_2) pair or a list of them")
+        check_ordered("pairs", pairs, "a (text_1, text_2) pair or a list of them")
         if isinstance(pairs, np.ndarray) and pairs.ndim == 0:
             raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got a 0-d array {pairs!r}")
-        single = _is_single_pair(pairs)
+        single = is_single_pair(pairs)
         pairs = [pairs] if single else list(pairs)
         logits = self.logits(pairs, batch_size, show_progress_bar, prompt, max_length)
         scores = to_scores(logits, self.activation_fn if activation_fn is None else activation_fn, apply_softmax)
@@ -355,17 +327,17 @@ class Scorer:
         ``apply_softmax``, ``convert_to_numpy``, ``convert_to_tensor`` and ``num_workers``, which
         sentence-transformers v6 still takes and ignores, are ignored here too, with a warning; its old name
         ``activation_fct`` works with a warning. ``device`` may name the Scorer's own device only."""
-        activation_fn = _rank_names(activation_fn, old_names)
+        activation_fn = rank_names(activation_fn, old_names)
         if self.num_labels != 1:
             raise ValueError(f"rank() needs a one-label model; this one has {self.num_labels} labels")
         if not isinstance(query, str):
             raise TypeError(f"query must be str, got {type(query).__name__}")
-        _check_ordered("documents", documents, "a list of str")
+        check_ordered("documents", documents, "a list of str")
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
                 raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
             top_k = int(top_k)
-        _check_flags(return_documents=return_documents)
+        check_flags(return_documents=return_documents)
         self._check_call_device(device)
         prompt = self._resolve_prompt(prompt, prompt_name)  # before an iterator of documents is consumed
         documents = list(documents)
@@ -384,62 +356,3 @@ class Scorer:
         return sorted(results, key=lambda r: r["score"], reverse=True)[:top_k]
 
 
-def _check_flags(**flags) -> None:
-    for name, value in flags.items():
-        if value is not None and not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _unexpected(method: str, names) -> TypeError:
-    return TypeError(f"{method}() got unexpected keyword argument(s) {sorted(names)}")
-
-
-def _predict_names(pairs, activation_fn, other: dict):
-    """sentence-transformers' other names for predict's arguments: v6's ``inputs`` for the pairs, and from before
-    v5 ``sentences``, ``activation_fct`` and ``num_workers`` (ignored), the old ones with a warning."""
-    unknown = set(other) - {"inputs", "sentences", "activation_fct", "num_workers"}
-    if unknown:
-        raise _unexpected("predict", unknown)
-    old = [name for name in other if name != "inputs"]
-    if old:
-        hints = {"sentences": "use pairs=", "activation_fct": "use activation_fn=", "num_workers": "ignored"}
-        warnings.warn("predict() took old sentence-transformers names: "
-                      + ", ".join(f"{name} ({hints[name]})" for name in old), FutureWarning, stacklevel=3)
-    given = [name for name in ("inputs", "sentences") if name in other] + (["pairs"] if pairs is not None else [])
-    if len(given) > 1:
-        raise TypeError(f"predict() got the pairs under several names ({', '.join(sorted(given))}); pass pairs alone")
-    if given and given[0] != "pairs":
-        pairs = other[given[0]]
-    if "activation_fct" in other:
-        if activation_fn is not None:
-            raise TypeError("predict() got both activation_fn and activation_fct; pass activation_fn alone")
-        activation_fn = other["activation_fct"]
-    if pairs is None:
-        raise TypeError("predict() needs pairs: a (text_1, text_2) pair or a list of them")
-    return pairs, activation_fn
-
-
-def _rank_names(activation_fn, old: dict):
-    """rank's arguments sentence-transformers v6 still takes and ignores (``apply_softmax``, ``convert_to_numpy``,
-    ``convert_to_tensor``, ``num_workers``), and the old name ``activation_fct``: each with a warning."""
-    unknown = set(old) - {"apply_softmax", "convert_to_numpy", "convert_to_tensor", "num_workers", "activation_fct"}
-    if unknown:
-        raise _unexpected("rank", unknown)
-    ignored = sorted(set(old) - {"activation_fct"})
-    if ignored:
-        warnings.warn(f"rank() ignores {ignored}, as sentence-transformers v6 does", FutureWarning, stacklevel=3)
-    if "activation_fct" in old:
-        if activation_fn is not None:
-            raise TypeError("rank() got both activation_fn and activation_fct; pass activation_fn alone")
-        warnings.warn("rank() took the old sentence-transformers name activation_fct: use activation_fn=",
-                      FutureWarning, stacklevel=3)
-        activation_fn = old["activation_fct"]
-    return activation_fn
-
-
-def _check_ordered(name: str, value, expected: str) -> None:
-    """``value`` must be an ordered iterable (not a str, a set or a dict): scores come back in its order."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
-    if isinstance(value, (set, frozenset, dict)):
-        raise TypeError(f"{name} must be {expected}, in an order the scores can follow; got a {type(value).__name__}")

@@ -125,13 +125,13 @@ class PairTokenizer:
         max_length: int | None = None,
         trust_remote_code: bool = False,
         save: CrossEncoderSave | None = None,
+        position_limit: int | None = None,
     ):
         """The tokenizer as CrossEncoder loads it: from ``path`` with a CrossEncoder save's tokenizer arguments, its
         model_max_length the one passed, else the save's (its tokenizer arguments', then its max_seq_length), else the
         tokenizer's own capped at the position table. A save's ``processing_kwargs`` max_length, which CrossEncoder
-        calls the tokenizer with, truncates every pair unless ``max_length`` is passed."""
-        from .loader import position_limit  # loader -> layers -> batch -> this module
-
+        calls the tokenizer with, truncates every pair unless ``max_length`` is passed. ``position_limit``: the
+        longest pair the model can embed (``loader.position_limit``), None where positions are unbounded."""
         save = save if save is not None else CrossEncoderSave()
         kwargs = dict(save.tokenizer_kwargs)
         source = f"{save.module_config}'s processor_kwargs" if "model_max_length" in kwargs else None
@@ -145,7 +145,7 @@ class PairTokenizer:
             max_positions = getattr(config, "max_position_embeddings", -1)
             if max_positions is not None and max_positions != -1:
                 self.tokenizer.model_max_length = min(self.tokenizer.model_max_length, max_positions)
-            limit = position_limit(config)
+            limit = position_limit
             if limit is not None and self.tokenizer.model_max_length > limit:
                 logger.warning("%s: the tokenizer allows %d tokens but the position table embeds %d: pairs are cut at "
                                "%d (sentence-transformers fails on longer ones)", path, self.tokenizer.model_max_length,

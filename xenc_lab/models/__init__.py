@@ -1,7 +1,7 @@
-"""One dict from a checkpoint's architecture to our packed module. Each module's forward takes a
-PackedBatch and returns (B, num_labels) logits."""
+"""One dict from a checkpoint's architecture to our packed module; ``base.PackedModel`` is what each one declares."""
 from __future__ import annotations
 
+from .base import PackedModel
 from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 from .deberta_v2 import DebertaV2ForSequenceClassification
 from .distilbert import DistilBertForSequenceClassification
@@ -16,3 +16,5 @@ ARCHITECTURES = {
     "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
     "DebertaV2ForSequenceClassification": DebertaV2ForSequenceClassification,
 }
+
+__all__ = ["ARCHITECTURES", "PackedModel"]

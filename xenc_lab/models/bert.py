@@ -11,14 +11,11 @@ from torch import nn
 from transformers.activations import ACT2FN, GELUActivation
 
 from ..batch import PackedBatch
-from ..layers import (
-    PrepackedLinear,
-    attends_packed,
-    first_token_self_attention,
-    fuse_linears,
-    linear_plus,
-    packed_attention,
-)
+from ..choices import Choices
+from ..ops.attention import packed_attention
+from ..ops.first_token import first_token_self_attention
+from ..ops.linear import fuse_linears, linear_gelu, linear_plus
+from .base import PackedModel
 
 
 class Embeddings(nn.Module):
@@ -51,17 +48,14 @@ class SelfAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
 
-    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
-        return not attends_packed(device, dtype, self.num_heads, self.qkv.out_features // 3 // self.num_heads)
-
-    def after_load(self) -> None:
+    def fuse(self) -> None:
         self.qkv = fuse_linears(self.query, self.key, self.value)
         del self.query, self.key, self.value
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         if first_only:
-            return first_token_self_attention(self.qkv, x, batch, self.num_heads)
-        return packed_attention(self.qkv(x), batch, self.num_heads)
+            return first_token_self_attention(self.qkv, x, batch, self.num_heads, choices)
+        return packed_attention(self.qkv(x), batch, self.num_heads, choices.attention)
 
 
 class DenseNorm(nn.Module):
@@ -91,9 +85,7 @@ class Intermediate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if type(self.act) is GELUActivation:  # exact erf GELU: fused into the GEMM, or in place
-            if isinstance(self.dense, PrepackedLinear):
-                return self.dense(x, activation="gelu")
-            return torch.ops.aten.gelu_(self.dense(x))
+            return linear_gelu(self.dense, x)
         return self.act(self.dense(x))
 
 
@@ -113,8 +105,8 @@ class Layer(nn.Module):
         """The linears that see one row per pair under ``first_only``: all but the attention's projection."""
         return [self.attention.output.dense, self.intermediate.dense, self.output.dense]
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, *extra, first_only: bool = False) -> torch.Tensor:
-        attended = self.attention.self(x, batch, *extra, first_only=first_only)
+    def forward(self, x: torch.Tensor, batch: PackedBatch, choices: Choices, *extra, first_only: bool = False) -> torch.Tensor:
+        attended = self.attention.self(x, batch, choices, *extra, first_only=first_only)
         x = self.attention.output(attended, x[batch.first_index] if first_only else x)
         return self.output(self.intermediate(x), x)
 
@@ -139,25 +131,35 @@ class BertModel(nn.Module):
         super().__init__()
         size = getattr(config, "embedding_size", config.hidden_size)
         self.embeddings = Embeddings(config, size, roberta_positions)
-        if size != config.hidden_size:  # ELECTRA
+        self.projects_embeddings = size != config.hidden_size  # ELECTRA
+        if self.projects_embeddings:
             self.embeddings_project = nn.Linear(size, config.hidden_size)
         self.encoder = Encoder(config)
+        self.has_pooler = pooler
         if pooler:
             self.pooler = Pooler(config)
 
+    def after_load(self) -> None:
+        for layer in self.encoder.layer:
+            layer.attention.self.fuse()
+
+    def head_shape(self) -> tuple[int, int]:
+        attention = self.encoder.layer[0].attention.self
+        return attention.num_heads, attention.qkv.out_features // 3 // attention.num_heads
+
     def per_pair_linears(self) -> list[nn.Module]:
         """The linears that see one row per pair under ``first_only``: the last layer's, and the pooler's."""
-        pooler = [self.pooler.dense] if hasattr(self, "pooler") else []
+        pooler = [self.pooler.dense] if self.has_pooler else []
         return self.encoder.layer[-1].per_pair_linears() + pooler
 
-    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch)
-        if hasattr(self, "embeddings_project"):
+        if self.projects_embeddings:
             x = self.embeddings_project(x)
         *layers, last = self.encoder.layer
         for layer in layers:
-            x = layer(x, batch)
-        return last(x, batch, first_only=first_only)
+            x = layer(x, batch, choices)
+        return last(x, batch, choices, first_only=first_only)
 
 
 class ClassificationHead(nn.Module):
@@ -173,49 +175,67 @@ class ClassificationHead(nn.Module):
         return self.out_proj(self.act(self.dense(first)))
 
 
-class BertForSequenceClassification(nn.Module):
-    base_name = "bert"
+class BertFamily(PackedModel):
+    """What the BERT family's classifiers share: an encoder (``self.encoder_model``) read at first tokens."""
 
+    encoder_model: BertModel
+
+    def after_load(self) -> None:
+        self.encoder_model.after_load()
+
+    def head_shape(self) -> tuple[int, int]:
+        return self.encoder_model.head_shape()
+
+
+class BertForSequenceClassification(BertFamily):
     def __init__(self, config):
         super().__init__()
         self.bert = BertModel(config, pooler=True)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
+    @property
+    def encoder_model(self) -> BertModel:
+        return self.bert
+
     def per_pair_linears(self) -> list[nn.Module]:
         return self.bert.per_pair_linears() + [self.classifier]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        first = self.bert(batch, first_only=True)
+    def forward(self, batch: PackedBatch, choices: Choices) -> torch.Tensor:
+        first = self.bert(batch, choices, first_only=True)
         return self.classifier(torch.tanh(self.bert.pooler.dense(first)))
 
 
-class RobertaForSequenceClassification(nn.Module):
+class RobertaForSequenceClassification(BertFamily):
     """Also XLM-RoBERTa, whose checkpoints use the same names."""
-
-    base_name = "roberta"
 
     def __init__(self, config):
         super().__init__()
         self.roberta = BertModel(config, roberta_positions=True)
         self.classifier = ClassificationHead(config, torch.tanh)
 
+    @property
+    def encoder_model(self) -> BertModel:
+        return self.roberta
+
     def per_pair_linears(self) -> list[nn.Module]:
         return self.roberta.per_pair_linears() + [self.classifier.dense, self.classifier.out_proj]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.classifier(self.roberta(batch, first_only=True))
+    def forward(self, batch: PackedBatch, choices: Choices) -> torch.Tensor:
+        return self.classifier(self.roberta(batch, choices, first_only=True))
 
 
-class ElectraForSequenceClassification(nn.Module):
-    base_name = "electra"
-
+class ElectraForSequenceClassification(BertFamily):
     def __init__(self, config):
         super().__init__()
         self.electra = BertModel(config)
         self.classifier = ClassificationHead(config, ACT2FN["gelu"])
 
+    @property
+    def encoder_model(self) -> BertModel:
+        return self.electra
+
     def per_pair_linears(self) -> list[nn.Module]:
         return self.electra.per_pair_linears() + [self.classifier.dense, self.classifier.out_proj]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.classifier(self.electra(batch, first_only=True))
+    def forward(self, batch: PackedBatch, choices: Choices) -> torch.Tensor:
+        return self.classifier(self.electra(batch, choices, first_only=True))

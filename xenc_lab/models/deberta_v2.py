@@ -17,11 +17,15 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from ..batch import PackedBatch
-from ..layers import from_padded, fuse_linears, split_first, to_padded
+from ..choices import Choices
+from ..ops.first_token import split_first
+from ..ops.layout import from_padded, to_padded
+from ..ops.linear import fuse_linears
+from .base import PackedModel
 from .bert import Layer
 
 
-def _pos_att_type(config) -> set[str]:
+def pos_att_type(config) -> set[str]:
     """config.pos_att_type as a set: a list, a "p2c|c2p" string or None."""
     kinds = config.pos_att_type or []
     if isinstance(kinds, str):
@@ -80,7 +84,7 @@ class DisentangledSelfAttention(nn.Module):
         self.head_dim = getattr(config, "attention_head_size", d // self.num_heads)
         hd = self.num_heads * self.head_dim
         self.query_proj, self.key_proj, self.value_proj = nn.Linear(d, hd), nn.Linear(d, hd), nn.Linear(d, hd)
-        kinds = _pos_att_type(config)
+        kinds = pos_att_type(config)
         # As HF: the scale counts the position terms even when relative attention is off.
         self.scale = math.sqrt(self.head_dim * (1 + len(kinds & {"c2p", "p2c"})))
         self.pos_att = kinds if getattr(config, "relative_attention", False) else set()
@@ -90,10 +94,7 @@ class DisentangledSelfAttention(nn.Module):
         if not self.share_att_key and "p2c" in self.pos_att:
             self.pos_query_proj = nn.Linear(d, hd)
 
-    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
-        return True  # relative-position biases and SDPA on the padded layout
-
-    def after_load(self) -> None:
+    def fuse(self) -> None:
         """One (3hd, d) projection instead of three (query/key_proj stay when they also project positions)."""
         self.qkv = fuse_linears(self.query_proj, self.key_proj, self.value_proj)
         del self.value_proj
@@ -104,8 +105,11 @@ class DisentangledSelfAttention(nn.Module):
     def _per_head(self, proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return proj(x).view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)  # (H, n, dh)
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, rel_emb, rel_idx, first_only: bool = False) -> torch.Tensor:
-        """(T, d) -> (T, hd), or (B, hd) for each pair's first token alone with ``first_only``."""
+    def forward(
+        self, x: torch.Tensor, batch: PackedBatch, choices: Choices, rel_emb, rel_idx, first_only: bool = False
+    ) -> torch.Tensor:
+        """(T, d) -> (T, hd), or (B, hd) for each pair's first token alone with ``first_only``. Its attention is its
+        own, on the padded layout: ``choices`` changes nothing here."""
         B, L, H = batch.seq_lens.shape[0], batch.max_seqlen, self.num_heads
         if first_only:
             q_rows, kv = split_first(self.qkv, x, batch)  # (B, hd), (T, 2hd)
@@ -187,7 +191,7 @@ class Encoder(nn.Module):
         layer, still needs its output."""
         return not (len(self.layer) == 1 and hasattr(self, "conv"))
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d), or with ``first_only`` (B, d) at each pair's first token."""
         rel = (None, None)
         if self.relative_attention:
@@ -198,7 +202,7 @@ class Encoder(nn.Module):
         embeddings, last = x, len(self.layer) - 1
         prune = first_only and self.prunes_last_layer
         for i, layer in enumerate(self.layer):
-            x = layer(x, batch, *rel, first_only=prune and i == last)
+            x = layer(x, batch, choices, *rel, first_only=prune and i == last)
             if i == 0 and hasattr(self, "conv"):
                 x = self.conv(embeddings, x, batch)
         return x[batch.first_index] if first_only and not prune else x
@@ -213,8 +217,8 @@ class DebertaV2Model(nn.Module):
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
 
-    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
-        return self.encoder(self.embeddings(batch), batch, first_only)
+    def forward(self, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
+        return self.encoder(self.embeddings(batch), batch, choices, first_only)
 
 
 class ContextPooler(nn.Module):
@@ -228,19 +232,27 @@ class ContextPooler(nn.Module):
         return self.act(self.dense(first))
 
 
-class DebertaV2ForSequenceClassification(nn.Module):
-    base_name = "deberta"
-
+class DebertaV2ForSequenceClassification(PackedModel):
     def __init__(self, config):
         super().__init__()
         self.deberta = DebertaV2Model(config)
         self.pooler = ContextPooler(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
+    def after_load(self) -> None:
+        for layer in self.deberta.encoder.layer:
+            layer.attention.self.fuse()
+
+    def head_shape(self) -> None:
+        return None  # its attention is its own: relative-position biases on the padded layout
+
+    def pads_pairs(self, choices: Choices) -> bool:
+        return True
+
     def per_pair_linears(self) -> list[nn.Module]:
         encoder = self.deberta.encoder
         last = encoder.layer[-1].per_pair_linears() if encoder.prunes_last_layer else []
         return last + [self.pooler.dense, self.classifier]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        return self.classifier(self.pooler(self.deberta(batch, first_only=True)))
+    def forward(self, batch: PackedBatch, choices: Choices) -> torch.Tensor:
+        return self.classifier(self.pooler(self.deberta(batch, choices, first_only=True)))

@@ -8,7 +8,11 @@ from torch import nn
 from transformers.activations import get_activation
 
 from ..batch import PackedBatch
-from ..layers import attends_packed, first_token_self_attention, fuse_linears, linear_plus, packed_attention
+from ..choices import Choices
+from ..ops.attention import packed_attention
+from ..ops.first_token import first_token_self_attention
+from ..ops.linear import fuse_linears, linear_plus
+from .base import PackedModel
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
 
@@ -31,21 +35,18 @@ class MultiHeadSelfAttention(nn.Module):
         self.q_lin, self.k_lin, self.v_lin = (nn.Linear(config.dim, config.dim) for _ in range(3))
         self.out_lin = nn.Linear(config.dim, config.dim)
 
-    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
-        return not attends_packed(device, dtype, self.n_heads, self.qkv.out_features // 3 // self.n_heads)
-
-    def after_load(self) -> None:
+    def fuse(self) -> None:
         self.qkv = fuse_linears(self.q_lin, self.k_lin, self.v_lin)
         del self.q_lin, self.k_lin, self.v_lin
 
     def forward(
-        self, x: torch.Tensor, batch: PackedBatch, residual: torch.Tensor, first_only: bool = False
+        self, x: torch.Tensor, batch: PackedBatch, choices: Choices, residual: torch.Tensor, first_only: bool = False
     ) -> torch.Tensor:
         """residual + attention (at first tokens only with ``first_only``, where ``residual`` holds their rows)."""
         if first_only:
-            attended = first_token_self_attention(self.qkv, x, batch, self.n_heads)
+            attended = first_token_self_attention(self.qkv, x, batch, self.n_heads, choices)
         else:
-            attended = packed_attention(self.qkv(x), batch, self.n_heads)
+            attended = packed_attention(self.qkv(x), batch, self.n_heads, choices.attention)
         return linear_plus(self.out_lin, attended, residual)
 
 
@@ -73,9 +74,10 @@ class TransformerBlock(nn.Module):
         """The linears that see one row per pair under ``first_only``: all but the attention's projection."""
         return [self.attention.out_lin, self.ffn.lin1, self.ffn.lin2]
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d), or (B, d) at each pair's first token with ``first_only``."""
-        x = self.sa_layer_norm(self.attention(x, batch, x[batch.first_index] if first_only else x, first_only))
+        residual = x[batch.first_index] if first_only else x
+        x = self.sa_layer_norm(self.attention(x, batch, choices, residual, first_only))
         return self.output_layer_norm(self.ffn(x))
 
 
@@ -91,24 +93,32 @@ class DistilBertModel(nn.Module):
         self.embeddings = Embeddings(config)
         self.transformer = Transformer(config)
 
-    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch)
         *layers, last = self.transformer.layer
         for layer in layers:
-            x = layer(x, batch)
-        return last(x, batch, first_only)
+            x = layer(x, batch, choices)
+        return last(x, batch, choices, first_only)
 
 
-class DistilBertForSequenceClassification(nn.Module):
+class DistilBertForSequenceClassification(PackedModel):
     def __init__(self, config):
         super().__init__()
         self.distilbert = DistilBertModel(config)
         self.pre_classifier = nn.Linear(config.dim, config.dim)
         self.classifier = nn.Linear(config.dim, config.num_labels)
 
+    def after_load(self) -> None:
+        for layer in self.distilbert.transformer.layer:
+            layer.attention.fuse()
+
+    def head_shape(self) -> tuple[int, int]:
+        attention = self.distilbert.transformer.layer[0].attention
+        return attention.n_heads, attention.qkv.out_features // 3 // attention.n_heads
+
     def per_pair_linears(self) -> list[nn.Module]:
         return self.distilbert.transformer.layer[-1].per_pair_linears() + [self.pre_classifier, self.classifier]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        first = self.distilbert(batch, first_only=True)
+    def forward(self, batch: PackedBatch, choices: Choices) -> torch.Tensor:
+        first = self.distilbert(batch, choices, first_only=True)
         return self.classifier(F.relu(self.pre_classifier(first)))

@@ -13,7 +13,12 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..batch import PackedBatch
-from ..layers import attends_packed, first_token_attention, linear_plus, mean_per_pair, packed_attention, split_first
+from ..choices import Choices
+from ..ops.attention import first_token_attention, packed_attention, varlen_takes
+from ..ops.first_token import split_first
+from ..ops.layout import mean_per_pair
+from ..ops.linear import linear_plus
+from .base import PackedModel
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -62,11 +67,15 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
-    def pads_pairs(self, device: torch.device, dtype: torch.dtype) -> bool:
-        return not attends_packed(device, dtype, self.num_heads, self.head_dim, self.head_dim**-0.5, self.window)
+    def pads_pairs(self, choices: Choices) -> bool:
+        """Flash attention on CUDA runs one query per pair without a window only (``first_token_attention``)."""
+        if choices.attention == "varlen":
+            return self.window is not None or not varlen_takes(self.head_dim, self.head_dim**-0.5)
+        return not choices.attends_packed
 
     def forward(
-        self, x: torch.Tensor, batch: PackedBatch, rope: dict, residual: torch.Tensor, first_only: bool = False
+        self, x: torch.Tensor, batch: PackedBatch, choices: Choices, rope: dict, residual: torch.Tensor,
+        first_only: bool = False,
     ) -> torch.Tensor:
         """residual + attention: (T, d) -> (T, d), or (B, d) for each pair's first token alone with ``first_only``
         (``residual`` then holds the first tokens' rows)."""
@@ -78,11 +87,11 @@ class Attention(nn.Module):
             q = rotate(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
             k, v = kv.view(T, 2, H, -1).unbind(1)
             kv = torch.stack((rotate(k, cos, sin), v), dim=1).view(kv.shape)
-            out = first_token_attention(q, kv, batch, H, scale=scale, window=self.window)
+            out = first_token_attention(q, kv, batch, H, choices.attention, scale=scale, window=self.window)
         else:
             q, k, v = self.Wqkv(x).view(T, 3, H, -1).unbind(1)  # (T, H, dh) each
             qkv = torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), dim=1).view(T, -1)
-            out = packed_attention(qkv, batch, H, scale=scale, window=self.window)
+            out = packed_attention(qkv, batch, H, choices.attention, scale=scale, window=self.window)
         return linear_plus(self.Wo, out, residual)
 
 
@@ -113,8 +122,11 @@ class Layer(nn.Module):
         """The linears that see one row per pair under ``first_only``: all but the attention's projection."""
         return [self.attn.Wo, self.mlp.Wi, self.mlp.Wo]
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, rope: dict, first_only: bool = False) -> torch.Tensor:
-        x = self.attn(self.attn_norm(x), batch, rope, x[batch.first_index] if first_only else x, first_only)
+    def forward(
+        self, x: torch.Tensor, batch: PackedBatch, choices: Choices, rope: dict, first_only: bool = False
+    ) -> torch.Tensor:
+        residual = x[batch.first_index] if first_only else x
+        x = self.attn(self.attn_norm(x), batch, choices, rope, residual, first_only)
         return self.mlp(self.mlp_norm(x), x)
 
 
@@ -156,13 +168,13 @@ class ModernBertModel(nn.Module):
             out[kind] = ((emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype))
         return out
 
-    def forward(self, batch: PackedBatch, first_only: bool = False) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         x = self.embeddings(batch.input_ids)  # (T, d)
         rope = self.rope(batch.positions, x.dtype)
         *layers, last = self.layers
         for layer in layers:
-            x = layer(x, batch, rope)
-        return last(x, batch, rope, first_only)
+            x = layer(x, batch, choices, rope)
+        return last(x, batch, choices, rope, first_only)
 
 
 class PredictionHead(nn.Module):
@@ -176,9 +188,7 @@ class PredictionHead(nn.Module):
         return self.norm(self.act(self.dense(x)))
 
 
-class ModernBertForSequenceClassification(nn.Module):
-    base_name = "model"
-
+class ModernBertForSequenceClassification(PackedModel):
     def __init__(self, config):
         super().__init__()
         if config.classifier_pooling not in ("cls", "mean"):
@@ -188,15 +198,25 @@ class ModernBertForSequenceClassification(nn.Module):
         self.head = PredictionHead(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)  # always biased, as transformers
 
+    def after_load(self) -> None:
+        self.model.after_load()
+
+    def head_shape(self) -> tuple[int, int]:
+        attention = self.model.layers[0].attn
+        return attention.num_heads, attention.head_dim
+
+    def pads_pairs(self, choices: Choices) -> bool:
+        return any(layer.attn.pads_pairs(choices) for layer in self.model.layers)
+
     def per_pair_linears(self) -> list[nn.Module]:
         """The head's linears, and with CLS pooling the last layer's (mean pooling reads every token)."""
         last = self.model.layers[-1].per_pair_linears() if self.pooling == "cls" else []
         return last + [self.head.dense, self.classifier]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, choices: Choices) -> torch.Tensor:
         if self.pooling == "cls":
-            pooled = self.model.final_norm(self.model(batch, first_only=True))  # (B, d)
+            pooled = self.model.final_norm(self.model(batch, choices, first_only=True))  # (B, d)
         else:
             # As transformers: (hidden * mask).sum(1) / mask.sum(1), over the pair's real tokens.
-            pooled = mean_per_pair(self.model.final_norm(self.model(batch)), batch)
+            pooled = mean_per_pair(self.model.final_norm(self.model(batch, choices)), batch)
         return self.classifier(self.head(pooled))

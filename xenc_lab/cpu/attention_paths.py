@@ -1,21 +1,10 @@
-"""Where CPU attention runs: xenc_lab's kernel, its tile path, or torch's SDPA, chosen by measurement where it is
-in doubt.
+"""Where CPU attention runs: xenc_lab's kernel, its tile path, or torch's SDPA; measured where it is in doubt.
 
-The kernel (``kernels``) computes with AVX-512 (or portable-vector) fp32 FMAs whatever the dtype (in bfloat16 on
-AMD cores, with the bf16 pair dot product: ``kernels.paired_bf16``), on the packed stream in place. In bfloat16 and float16, its tile path computes Q K^T and P V as oneDNN batch-reduce GEMMs, on
-AMX tiles where the CPU has them for the dtype (flag ``amx_bf16`` for bfloat16, ``amx_fp16`` for float16; it
-runs elsewhere too, on AVX-512 dot products, slower than the kernel). torch's SDPA needs the pairs laid out as
-padded sequences (a gather there and back), and with AMX it too computes its products with tiles. On a CPU with
-AMX for the dtype, which path is fastest depends on the head shapes, so it is measured, once per kind of CPU,
-torch version, dtype, head shape and thread count, and the answer is kept on disk beside the kernel build: a
-machine takes the same path in every run. Float32, and CPUs without AMX, run the kernel (it measured 2-4x
-faster than SDPA there, MiniLM's heads, 91-508 tokens per pair, and 1.4-1.9x faster than the tile path on
-AVX-512 dot products). ``XENC_LAB_CPU_ATTENTION=kernel``, ``=tiles`` or ``=sdpa`` forces one path everywhere
-(``tiles`` runs the kernel where the tile path does not run).
-
-The kernel's and the tile path's result for a pair is bitwise independent of its batchmates. SDPA's, in half
-precision, is not quite: it can move by a rounding step of the dtype with the batch's padded length (as
-sentence-transformers' does). Where that matters more than speed, force the kernel.
+Float32, and CPUs without AMX for the dtype, run the kernel. With AMX, which path is fastest depends on the head
+shape, so it is measured once per kind of CPU, torch version, dtype, head shape and thread count, and the answer is
+kept on disk beside the kernel build: a machine takes the same path in every run. ``XENC_LAB_CPU_ATTENTION`` forces
+one. The kernel's and the tile path's result for a pair is bitwise independent of its batchmates; SDPA's in half
+precision can move by a rounding step with the batch's padded length (docs/cpu-backends.md).
 """
 from __future__ import annotations
 
@@ -28,11 +17,12 @@ import time
 import numpy as np
 import torch
 
-from . import kernels
-from .batch import pack
-from .config import env_choice
-from .cpuinfo import cpu_info
-from .tokenize import Encodings
+from .. import settings
+from ..batch import pack
+from ..ops.attention import packed_attention
+from ..tokenize import Encodings
+from . import kernels, native
+from .info import cpu_info
 
 logger = logging.getLogger("xenc_lab")
 
@@ -46,14 +36,13 @@ _choices: dict[str, str] = {}  # this process's answers (path names), by key
 PATHS = ("kernel", "tiles", "sdpa")
 
 
-@torch.compiler.assume_constant_result  # a constant to torch.compile, which calls it once while tracing
 def cpu_attention_path(dtype: torch.dtype, num_heads: int, head_dim: int) -> str:
     """Where CPU attention at ``dtype`` and this head shape runs: "kernel", "tiles" (the kernel's tile path) or
     "sdpa" (SDPA also runs where the kernel could not be built, whatever this says)."""
-    forced = env_choice("XENC_LAB_CPU_ATTENTION", PATHS)
+    forced = settings.get("XENC_LAB_CPU_ATTENTION")
     if forced:
         return forced
-    if dtype not in AMX_FLAG or AMX_FLAG[dtype] not in cpu_info().flags or not kernels.load():
+    if dtype not in AMX_FLAG or AMX_FLAG[dtype] not in cpu_info().flags or not native.available():
         return "kernel"
     paths = candidate_paths(dtype)
     key = f"{str(dtype).removeprefix('torch.')}-{num_heads}x{head_dim}-{torch.get_num_threads()}threads-{'+'.join(paths)}"
@@ -66,14 +55,14 @@ def cpu_attention_path(dtype: torch.dtype, num_heads: int, head_dim: int) -> str
 
 def candidate_paths(dtype: torch.dtype) -> list[str]:
     """The CPU attention paths that run here at ``dtype``."""
-    if not kernels.load():
+    if not native.available():
         return ["sdpa"]
     return ["kernel", "tiles", "sdpa"] if kernels.tiles_available(dtype) else ["kernel", "sdpa"]
 
 
 def _measured_choice(key: str, dtype: torch.dtype, num_heads: int, head_dim: int) -> str:
     """The fastest path's name (seconds at TUNING_LENGTHS), from the disk record or measured now and recorded."""
-    record = kernels._build_directory() / "attention-paths.json"
+    record = native.build_directory() / "attention-paths.json"
     try:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
@@ -104,8 +93,6 @@ def attention_rates(
     ``pair_tokens`` tokens, by CPU path that runs here (``candidate_paths``): {"kernel": ..., "tiles": ...,
     "sdpa": ...}. SDPA's time includes laying the pairs out and back. The paths run in turn and each keeps its best
     time, so a busy moment of the machine does not fall on one path alone."""
-    from .layers import packed_attention
-
     d, n = num_heads * head_dim, max(1, int(pair_tokens))
     count = max(1, tokens // n)
     enc = Encodings(np.ones(count * n, dtype=np.int64), None, np.arange(count + 1, dtype=np.int64) * n)
@@ -115,10 +102,10 @@ def attention_rates(
     best = dict.fromkeys(paths, float("inf"))
     with torch.inference_mode():
         for path in paths:
-            packed_attention(qkv, batch, num_heads, cpu_path=path)  # warm up
+            packed_attention(qkv, batch, num_heads, path)  # warm up
         for _ in range(repeats):
             for path in paths:
                 start = time.perf_counter()
-                packed_attention(qkv, batch, num_heads, cpu_path=path)
+                packed_attention(qkv, batch, num_heads, path)
                 best[path] = min(best[path], time.perf_counter() - start)
     return {path: 4 * d * n * n * count / seconds / 1e9 for path, seconds in best.items()}

@@ -1,198 +1,20 @@
-"""Native CPU kernels, compiled on first use (torch.utils.cpp_extension, JIT) and cached on disk.
+"""The native kernels' ops as Python calls, and the self-checks that decide, once per process, which of them run here.
 
-The extension in ``csrc/`` is built with ``-O3 -march=native`` into ``$XENC_LAB_CACHE/kernels/<torch version>/<cpu>``
-(default ``~/.cache/xenc_lab/kernels/...``), once per kind of CPU and version of the sources, and loaded once per
-process. Each build runs in a directory of its own and publishes the finished library with an atomic rename, so
-concurrent first uses do not wait on each other and a build killed halfway leaves nothing that blocks the next.
-When it cannot be built (no compiler, no ninja, ...) or ``XENC_LAB_NO_KERNELS=1`` is set, one warning is logged and
-the functions here return None: callers fall back to torch's own ops.
+Each ``*available()`` checks its op on a small problem against torch's result before any model uses it: a build
+for another CPU, or a oneDNN that expects another layout, then falls back to torch's ops instead of computing wrong.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import os
-import platform
-import shutil
-import tempfile
-import threading
-import time
-from pathlib import Path
 
 import torch
 
-from .cpuinfo import cpu_info
+from .native import available, once, reason
 
 logger = logging.getLogger("xenc_lab")
 
-_SOURCES = [Path(__file__).parent / "csrc" / "packed_attention.cpp"]
-_NAME = "xenc_lab_kernels"
-
-_lock = threading.Lock()
-# Answers found once per process: "loaded" (the extension's ops are in torch.ops.xenc_lab), ("tiles", dtype) (the
-# tile path runs at dtype), "widened gemm" (linear_widened runs), "f32 gemm" (linear_f32 runs), "half gemm" (linear_half runs).
-_answers: dict[object, bool] = {}
-
-
-def _once(key: object, find) -> bool:
-    """``find()``'s answer for ``key``, found by the first caller (others wait for it) and kept."""
-    if key not in _answers:
-        with _lock:
-            if key not in _answers:
-                _answers[key] = find()
-    return _answers[key]
-
-
-def _build_directory() -> Path:
-    root = Path(os.environ.get("XENC_LAB_CACHE", Path.home() / ".cache" / "xenc_lab"))
-    return root / "kernels" / torch.__version__ / _cpu_tag()
-
-
-def _cpu_tag() -> str:
-    """The machine and a hash of its CPU model and features: a -march=native build is only reused on the same kind
-    of CPU, even when the cache directory is shared between machines."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = [platform.processor()]
-    keys = ("model name", "flags", "features", "cpu part")  # x86 model and flags; Arm features and core part
-    cpu = sorted({line for line in lines if line.lower().startswith(keys)} or set(lines))
-    digest = hashlib.sha256("\n".join(cpu).encode()).hexdigest()
-    return f"{platform.machine()}-{digest[:12]}"
-
-
-def _compiler_flags() -> tuple[list[str], list[str]]:
-    """(cflags, ldflags). -ffp-contract=fast lets the generic-vector kernel (no AVX-512) use FMA instructions.
-    at::parallel_for is inline: with torch's OpenMP backend the extension must be compiled with OpenMP too, or
-    every parallel_for would run on one thread. Linking -fopenmp adds a libgomp.so.1 NEEDED entry, which resolves
-    to the libgomp torch already loaded (same soname), so both share one thread pool.
-
-    XENC_PAIRED_BF16 chooses how bf16 attention computes its two products where the CPU has AVX512-BF16: by the
-    bf16 pair dot product on AMD cores, where one does the work of two fp32 FMAs (scores from bf16 query and key
-    pairs; weighted sums from the softmax numerators rounded to bf16, ``paired_bf16``), and by fp32 FMAs on keys and
-    values widened to fp32 elsewhere: Intel cores issue one pair dot product per cycle against two FMAs, and the
-    widened path measured 20-27% faster there (it is also the more exact one). On an AMD EPYC (Zen 5) the paired
-    weighted sums made attention alone 1.14-1.25x faster at 91-508 tokens per pair than fp32 FMAs on widened
-    values (same process, alternating)."""
-    paired = cpu_info().vendor == "AuthenticAMD"
-    cflags, ldflags = ["-O3", "-march=native", "-ffp-contract=fast", f"-DXENC_PAIRED_BF16={int(paired)}"], []
-    # Flags of one's own, appended (later ones win): the tests build the code paths of other CPUs this way.
-    cflags += os.environ.get("XENC_LAB_KERNEL_CFLAGS", "").split()
-    if "parallel backend: OpenMP" in torch.__config__.parallel_info():
-        cflags.append("-fopenmp")
-        ldflags.append("-fopenmp")
-    return cflags, ldflags
-
-
-def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window):
-    return q.new_empty(q.shape)
-
-
-def _linear_fake(x, blocks, bias, out_features, activation, residual):
-    return x.new_empty((x.shape[0], out_features))
-
-
-def _linear_half_fake(x, blocks, weight_exponent, bias, out_features, activation, residual):
-    return x.new_empty((x.shape[0], out_features))
-
-
 _TILE_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def _ninja_on_path() -> None:
-    """torch runs ``ninja`` from PATH; a virtual environment's own ninja (the PyPI package) is not on it unless
-    the environment is activated, so put it there."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def _library_path(cflags: list[str], ldflags: list[str]) -> Path:
-    """Where the built library lives: named by a hash of the sources and flags, so an edit means a new build."""
-    digest = hashlib.sha256()
-    for source in _SOURCES:
-        digest.update(source.read_bytes())
-    digest.update(" ".join(cflags + ldflags).encode())
-    return _build_directory() / f"{_NAME}-{digest.hexdigest()[:16]}.so"
-
-
-def _compile_into(library: Path, cflags: list[str], ldflags: list[str]) -> None:
-    """Build in a private directory next to ``library``, then rename the result into place (atomic on one
-    filesystem): other processes see either no library or a whole one."""
-    from torch.utils import cpp_extension
-
-    _ninja_on_path()
-    logger.info("compiling xenc_lab's CPU attention kernel into %s (once per kind of CPU and torch version)", library.parent)
-    library.parent.mkdir(parents=True, exist_ok=True)
-    for stale in library.parent.glob("build-*"):  # left by builds that were killed: none takes an hour
-        if time.time() - stale.stat().st_mtime > 3600:
-            shutil.rmtree(stale, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="build-", dir=library.parent) as scratch:
-        cpp_extension.load(
-            name=_NAME,
-            sources=[str(s) for s in _SOURCES],
-            extra_cflags=cflags,
-            extra_ldflags=ldflags,
-            build_directory=scratch,
-            is_python_module=False,
-            verbose=False,
-        )
-        os.replace(Path(scratch) / f"{_NAME}.so", library)
-
-
-def _build() -> bool:
-    """Builds (or finds built) and loads the extension; False, with one warning, if that fails or is disabled."""
-    if os.environ.get("XENC_LAB_NO_KERNELS") == "1":
-        logger.warning("xenc_lab native kernels disabled by XENC_LAB_NO_KERNELS=1; using torch ops instead")
-        return False
-    try:
-        cflags, ldflags = _compiler_flags()
-        library = _library_path(cflags, ldflags)
-        if library.exists():
-            torch.ops.load_library(str(library))
-        else:  # the build loads what it built
-            _compile_into(library, cflags, ldflags)
-        # Shapes for tracing (torch.compile, meta tensors): the output is q-shaped, whatever the data.
-        torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
-        torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
-        torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
-        torch.library.register_fake("xenc_lab::linear_widened", _linear_fake)
-        torch.library.register_fake("xenc_lab::linear_f32", _linear_fake)
-        torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)
-        return True
-    except Exception as e:  # any failure to build or load means: no kernels, use the fallback
-        logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", _reason(e))
-        logger.debug("xenc_lab native kernel build failure", exc_info=True)
-        return False
-
-
-def _reason(e: Exception) -> str:
-    """One line on why the build failed. A failed build's message is ninja's log: skip its progress lines and the
-    echoed commands, and prefer a compiler error line."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    progress = ("Error building extension", "[", "FAILED:", "ninja:")
-    commands = (" -MMD ", " -shared ")
-    informative = [line for line in lines if not line.startswith(progress) and not any(c in line for c in commands)]
-    errors = [line for line in informative if "error" in line.lower()]
-    line = (errors or informative or lines or [""])[0]
-    return f"{type(e).__name__}: {line[:300]}"
-
-
-@torch.compiler.assume_constant_result
-def _available() -> bool:
-    """Whether the extension is loaded, building and loading it on the first call of the process. A constant to
-    torch.compile, which calls it once while tracing (a build cannot be traced) and keeps the answer."""
-    return _once("loaded", _build)
-
-
-def load() -> bool:
-    """Builds (first time on this kind of CPU) and loads the native kernels now rather than inside the first
-    forward pass; True if they are available. ``Scorer`` calls it when loading a model onto the CPU."""
-    return _available()
 
 
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
@@ -204,9 +26,9 @@ def tiles_available(dtype: torch.dtype) -> bool:
     dtype on this CPU, and the B layout oneDNN expects for it here to be the VNNI pairs the path packs: that is
     checked, not assumed, by a small problem computed both ways and compared with the kernel, once per process and
     dtype (oneDNN's float16 GEMMs, for one, expect another layout on CPUs without AMX-FP16)."""
-    if dtype not in _TILE_DTYPES or not _available() or not torch.ops.xenc_lab.tiles_built():
+    if dtype not in _TILE_DTYPES or not available() or not torch.ops.xenc_lab.tiles_built():
         return False
-    return _once(("tiles", dtype), lambda: _tiles_check(dtype))
+    return once(("tiles", dtype), lambda: _tiles_check(dtype))
 
 
 def _tiles_check(dtype: torch.dtype) -> bool:
@@ -226,7 +48,7 @@ def _agrees(what: str, run, expected: torch.Tensor, tolerance: float, otherwise:
     try:
         out = run().float()
     except RuntimeError as e:
-        logger.info("xenc_lab's %s does not run here (%s)", what, _reason(e))
+        logger.info("xenc_lab's %s does not run here (%s)", what, reason(e))
         return False
     error = ((out - expected).abs() / (1 + expected.abs())).max().item()
     if not error <= tolerance:
@@ -260,7 +82,7 @@ def packed_attention_cpu(
     it runs here (else the kernel computes as usual). There the softmax numerators are rounded to the input type
     before they weight the values, as in torch's flash attention; the sums that divide them stay float32.
     """
-    if not _available():
+    if not available():
         return None
     if window is not None and window < 0:
         raise ValueError(f"window must be >= 0 or None, got {window}")
@@ -276,7 +98,7 @@ def folded_pool_cpu(x: torch.Tensor, folded: torch.Tensor, cu_seqlens: torch.Ten
     """Per pair b (rows cu_seqlens[b]:[b + 1] of x, (T, d)) and head h, sum_j softmax_j(x_j . folded[h, b]) x_j as
     (B, H, d), zeros for empty pairs and pairs past cu_seqlens (``layers.folded_first_token_attention``); None
     without the kernel. The pairs are shared among the threads, each pair's ops single-threaded."""
-    if not _available():
+    if not available():
         return None
     return torch.ops.xenc_lab.folded_pool(x, folded, cu_seqlens)
 
@@ -287,7 +109,7 @@ def layer_norm_cpu(
     """LayerNorm over the last dimension of a 2-D CPU tensor (float32, bfloat16, float16; columns contiguous),
     computed in float32 and rounded once to x's dtype, as torch's; None without the kernel. ``weight`` and
     ``bias`` are contiguous, of x's dtype, or None."""
-    if not _available():
+    if not available():
         return None
     return torch.ops.xenc_lab.layer_norm(x, weight, bias, float(eps))
 
@@ -311,7 +133,7 @@ def gemm_blocks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.
 def _gemm_f32_built() -> bool:
     """Whether the fp32 GEMMs (``linear_f32``, ``linear_widened``) are in this build: AVX2 and FMA or AVX-512, and a
     torch with ATen's fp32 brgemm."""
-    return _available() and torch.ops.xenc_lab.gemm_f32_built()
+    return available() and torch.ops.xenc_lab.gemm_f32_built()
 
 
 def _gemm_check_problem() -> tuple[torch.Tensor, ...]:
@@ -328,7 +150,7 @@ def widened_gemm_available() -> bool:
     columns, GELU and residual) against torch's own ops."""
     if not _gemm_f32_built():
         return False
-    return _once("widened gemm", _widened_gemm_check)
+    return once("widened gemm", _widened_gemm_check)
 
 
 def _widened_gemm_check() -> bool:
@@ -355,7 +177,7 @@ def f32_gemm_available() -> bool:
     against the exact result."""
     if not _gemm_f32_built():
         return False
-    return _once("f32 gemm", _f32_gemm_check)
+    return once("f32 gemm", _f32_gemm_check)
 
 
 def _f32_gemm_check() -> bool:
@@ -431,7 +253,7 @@ def paired_bf16() -> bool:
     ``_compiler_flags``): scores from bf16 pairs of query and key columns, and weighted sums of the values with the
     softmax numerators rounded to bf16 (their sum is the fp32 one), as torch's flash attention computes bf16 on the
     CPU. Elsewhere both products are fp32 FMAs on widened values and only the output is rounded."""
-    return _available() and bool(torch.ops.xenc_lab.paired_bf16_built())
+    return available() and bool(torch.ops.xenc_lab.paired_bf16_built())
 
 
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
@@ -439,9 +261,9 @@ def half_gemm_available() -> bool:
     """Whether ``linear_half`` runs here: a build for a CPU with AVX512-FP16, checked once per process on a small
     problem (a partial block of rows and of columns, more than one chunk of k, GELU and residual) against the
     exact result."""
-    if not _available() or not torch.ops.xenc_lab.half_gemm_built():
+    if not available() or not torch.ops.xenc_lab.half_gemm_built():
         return False
-    return _once("half gemm", _half_gemm_check)
+    return once("half gemm", _half_gemm_check)
 
 
 def _half_gemm_check() -> bool:

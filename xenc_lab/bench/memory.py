@@ -1,0 +1,95 @@
+"""Memory of a fresh process scoring many pairs: the probe (run as ``python -m xenc_lab.bench.memory ARGS``) and the
+report's sentence on two probes."""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+import torch
+
+
+def _status(key: str) -> float | None:
+    """VmRSS / VmHWM in MB, where /proc has them."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _probe(path, n, workload, dtype, device, max_batch_tokens, threads) -> dict:
+    from ..scorer import Scorer
+    from ..zoo import minilm_cross_encoder
+    from .workloads import make_pairs
+
+    torch.set_num_threads(threads)
+    budget = {} if max_batch_tokens is None else {"max_batch_tokens": max_batch_tokens}
+    scorer = Scorer(path or minilm_cross_encoder(), device=device, dtype=dtype, **budget)
+    scorer.predict(make_pairs(workload, 16, seed=8))
+    out = {"loaded_rss": _status("VmRSS")}
+    pairs = make_pairs(workload, n, seed=7)
+    out["input_rss"] = _status("VmRSS")
+    try:  # the high-water mark, reset to what the process holds now: the peak below is scoring's own
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        out["peak_is_scoring_s"] = True
+    except OSError:
+        out["peak_is_scoring_s"] = False
+    scores = scorer.predict(pairs, show_progress_bar=False)
+    assert len(scores) == n
+    out["peak_rss"] = _status("VmHWM") if out["peak_is_scoring_s"] else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["batch_shapes"] = len(scorer.runner.shapes)
+    out["token_counts"] = len({T for T, _, _ in scorer.runner.shapes})
+    if scorer.device.type == "cuda":
+        out["peak_gpu"] = torch.cuda.max_memory_allocated(scorer.device) / 2**20
+    return out
+
+
+def peak_memory_mb(
+    n_pairs: int,
+    model_path=None,
+    workload: str = "mixed",
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_batch_tokens: int | None = None,
+    threads: int | None = None,
+) -> dict:
+    """Memory (MB) of a fresh process that scores ``n_pairs`` pairs on ``device`` with ``max_batch_tokens`` (default:
+    the Scorer's) and ``threads`` (default: this process's): resident memory after loading the model and scoring 16 pairs
+    (``loaded_rss``), after building the input (``input_rss``), and the peak while scoring (``peak_rss``); how many
+    batch shapes (``batch_shapes``) and token counts (``token_counts``) the model met, loading included. On Linux
+    the kernel's high-water mark is reset before scoring, so the peak is scoring's own (``peak_is_scoring_s``);
+    elsewhere it is the process's lifetime peak, which loading may set. On CUDA also the most GPU memory torch held
+    at once (``peak_gpu``)."""
+    import subprocess
+    import sys
+
+    threads = threads or torch.get_num_threads()
+    args = json.dumps([str(model_path) if model_path else None, n_pairs, workload, dtype, str(device),
+                       max_batch_tokens, threads])
+    out = subprocess.run([sys.executable, "-m", "xenc_lab.bench.memory", args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def memory_note(small: dict, large: dict, dtype: str, device: str, sizes: tuple[int, int] = (2000, 20000),
+                workload: str = "mixed") -> str:
+    """The report's sentence on two ``peak_memory_mb`` probes of ``sizes`` pairs."""
+    (n_small, n_large), grow = sizes, lambda probe: probe["peak_rss"] - probe["input_rss"]
+    what = "the peak while scoring" if small["peak_is_scoring_s"] and large["peak_is_scoring_s"] else (
+        "the process's lifetime peak (loading included: no high-water mark to reset here)")
+    note = (
+        f"Memory of a fresh process scoring {workload} pairs in {dtype} on {device}: with the model loaded and the input "
+        f"built it held {small['input_rss']:.0f} MB for {n_small:,} pairs and {large['input_rss']:.0f} MB for "
+        f"{n_large:,} ({small['loaded_rss']:.0f} and {large['loaded_rss']:.0f} MB before the input); {what} was "
+        f"{small['peak_rss']:.0f} and {large['peak_rss']:.0f} MB, {grow(small):+.0f} and {grow(large):+.0f} MB over that "
+        f"for {n_large // n_small}x the input. The runs met {small['token_counts']} and {large['token_counts']} batch "
+        f"token counts ({small['batch_shapes']} and {large['batch_shapes']} batch shapes)."
+    )
+    if "peak_gpu" in small:
+        note += f" Peak GPU memory held by torch: {small['peak_gpu']:.0f} MB and {large['peak_gpu']:.0f} MB."
+    return note
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe(*json.loads(sys.argv[1]))))

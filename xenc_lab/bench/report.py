@@ -1,0 +1,184 @@
+"""Reports of benchmark rows: reports/throughput.md, .json and .png, and the machine they belong to."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..cpu.info import cpu_info
+from ..cpu.kernels import widened_gemm_available
+from .timing import BenchRow
+
+
+def as_dicts(rows: list[BenchRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+def device_name(device: str | torch.device = "cuda") -> str:
+    """A CUDA device as a report names it: model, memory, compute capability, CUDA version."""
+    device = torch.device(device)
+    props = torch.cuda.get_device_properties(device)
+    return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, "
+            f"CUDA {torch.version.cuda})")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def machine(device: str | torch.device = "cpu") -> str:
+    """The machine and the software a report's ratios belong to: CPU (or GPU and host), threads, bf16 units, and
+    the versions of torch and of the peer, sentence-transformers with its transformers."""
+    info = cpu_info()
+    cpu, flags = info.model + (f" ({info.family})" if info.family else ""), info.flags
+    units = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512_fp16", "AVX512-FP16"))
+    bf16 = ", ".join(name for flag, name in units if flag in flags) or "no bf16 units"
+    peers = ", ".join(f"{name} {_version(name)}" for name in ("sentence-transformers", "transformers"))
+    host = f"{cpu}, {torch.get_num_threads()} threads, {bf16}, torch {torch.__version__}, {peers}"
+    if torch.device(device).type == "cuda":
+        return f"{device_name(device)}; host {host}"
+    return host
+
+
+_NATIVE_NOTE = (
+    "bf16 GEMMs ran as oneDNN's native ones in both engines here (AMX tiles, or an AMD core's bf16 dot product, "
+    "which does the work of two fp32 FMAs): the bf16 ceiling above is their rate, and the difference between the "
+    "engines is what each does around the same GEMMs."
+)
+_FP32_NOTE = (
+    "xenc_lab runs its bf16 products as fp32 GEMMs on the bf16 values instead: the products of bf16 numbers are exact "
+    "in fp32, the sums are fp32 and the output is rounded to bf16 once, as in a bf16 GEMM."
+)
+_OWN_FP32_NOTE = (
+    " Its GEMM is xenc_lab's own around oneDNN's fp32 brgemm ukernel: each block of input rows is widened in cache, "
+    "and the bias, GELU or residual and the rounding are applied to each output tile in cache."
+)
+_FP16_NOTE = (
+    "xenc_lab runs its bf16 GEMMs in fp16 instead (AVX512-FP16: 32 multiply-adds per FMA, twice an fp32 FMA's, at "
+    "the same rate): bf16 values are exact in fp16 once scaled by powers of two, the sums run in fp16 over 64 "
+    "consecutive products and in fp32 across them, and the output is rounded to bf16 once; the bias, GELU or "
+    "residual and the rounding are applied to each output tile in cache. The fp32 route (fp32 GEMMs on the bf16 "
+    "values, as exact as a bf16 GEMM) ran at {fp32:.0f} GFLOP/s; `XENC_LAB_BF16_GEMM=fp32` takes it. The fp16 "
+    "sums' rounding shows in `max abs delta` next to sentence-transformers' own bf16 error."
+)
+
+
+def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
+    """reports/throughput.md and reports/throughput.png from benchmark rows, and the rows themselves with the
+    machine and the command in reports/throughput.json (for comparing runs)."""
+    if not rows:
+        raise ValueError(f"no benchmark rows to report: {out_dir} is left as it was")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    devices = sorted({r.device for r in rows})
+    if len(devices) > 1:
+        raise ValueError(f"a report covers one device, got rows from {devices}")
+    compared = lambda r: r.dtype != "float32" and r.engine != "sentence-transformers"
+    errors = any(compared(r) for r in rows)  # a column where some dtype is not float32
+    lines = [
+        "# Throughput: xenc_lab against sentence-transformers",
+        "",
+        f"Machine: {machine(devices[0])}. Regenerate with `{command}`.",
+        (
+            "Both engines in one process on the same pairs, alternating runs, tokenization included; "
+            "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
+            "GFLOP/s counts the model's math (2 x non-embedding matmul weights x tokens + attention); "
+            "`ceiling` is that as a share of a GEMM rate measured on the spot at the model's shapes "
+            "(xenc_lab skips the last layer's work on all but the first token, so its share can pass 100%). "
+            "`max abs delta` is against sentence-transformers in fp32 on the same pairs (raw logits)."
+            + (" `error vs ST's own`, at a dtype other than float32: xenc_lab's mean abs delta (and max) over "
+               "sentence-transformers' own at that dtype, on the same pairs." if errors else "")
+        ),
+        "",
+        "| workload | dtype | engine | pairs | mean tokens | pairs/s | ratio | GFLOP/s | ceiling | max abs delta |"
+        + (" error vs ST's own |" if errors else ""),
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if errors else ""),
+    ]
+    for r in rows:
+        error = (f" {r.error_ratio:.2f} (max {r.max_error_ratio:.2f}) |" if r.error_ratio
+                 else " n/a (ST's own error is 0) |" if compared(r) else " |")
+        lines.append(
+            f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
+            f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
+            + (error if errors else "")
+        )
+    ceilings = {r.dtype: r.gflops / r.ceiling_share for r in rows if r.ceiling_share}
+    lines += ["", "GEMM rate measured at the model's shapes (the ceiling): "
+              + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in ceilings.items()) + "."]
+    bf16 = next((r for r in rows if r.dtype == "bfloat16" and r.native_bf16_gflops), None)
+    if bf16:
+        lines += ["", f"On this CPU oneDNN's native bf16 GEMMs ran at {bf16.native_bf16_gflops:.0f} GFLOP/s: without AMX, an "
+                  "Intel core issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 FMAs. "
+                  + (_FP16_NOTE.format(fp32=bf16.fp32_bf16_gflops) if bf16.bf16_gemm == "fp16" else _FP32_NOTE
+                     + (_OWN_FP32_NOTE if widened_gemm_available() else ""))
+                  + " The weights and activations stay bf16, and the bf16 ceiling above is the rate of the GEMM "
+                  "xenc_lab ran. sentence-transformers' bf16 runs native."]
+    elif any(r.dtype == "bfloat16" and r.bf16_gemm == "native" for r in rows):
+        lines += ["", _NATIVE_NOTE]
+    attention = {(r.workload, r.dtype): r for r in rows if r.attention_path}
+    if attention:
+        lines += ["", "Attention alone at the model's head shapes, on 4096-token batches of pairs of the workload's mean "
+                  "length, GFLOP/s: " + "; ".join(
+                      f"{w} {dt}: kernel {r.kernel_attention_gflops:.0f}, "
+                      + (f"tiles {r.tiles_attention_gflops:.0f}, " if r.tiles_attention_gflops else "")
+                      + f"SDPA {r.sdpa_attention_gflops:.0f} (ran: {r.attention_path})" for (w, dt), r in attention.items()) + ". "
+                  "xenc_lab's kernel reads the packed stream in place; SDPA's time includes laying the pairs out and back. "
+                  "Where the CPU has AMX for the dtype, the kernel's tile path (Q K^T and P V as oneDNN GEMMs on AMX "
+                  "tiles) and SDPA are measured against the kernel at the model's head shapes and the fastest runs; "
+                  "elsewhere the kernel (`XENC_LAB_CPU_ATTENTION` forces one)."]
+    drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
+    if drifted:
+        lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "
+                  + ", ".join(f"{d:.1e} ({w}, {dt})" for (w, dt), d in drifted.items())
+                  + ": deltas against that reference are no finer than this."]
+    compiled = [r for r in rows if r.compiled_graphs]
+    if compiled:
+        last = {r.dtype: r for r in compiled}
+        lines += [""] + [
+            f"compile=True, {dtype}: {r.compiled_graphs} graph(s) compiled in {r.compile_seconds:.0f} s for "
+            f"{r.batch_shapes} distinct batch shapes (first calls, outside the timed runs)."
+            for dtype, r in last.items()
+        ]
+    if notes:
+        lines += ["", notes]
+    lines += ["", "![pairs/s by mode and workload](throughput.png)", ""]
+    (out_dir / "throughput.md").write_text("\n".join(lines))
+    record = {"machine": machine(devices[0]), "command": command, "notes": notes, "rows": as_dicts(rows)}
+    (out_dir / "throughput.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    from matplotlib.figure import Figure  # not pyplot: no backend is chosen for the process, no figure left open
+
+    plot(rows, ax=Figure(figsize=(8, 4)).subplots()).savefig(out_dir / "throughput.png", dpi=120)
+    return out_dir / "throughput.md"
+
+
+def plot(rows: list[BenchRow], ax=None):
+    """Bars of pairs/s by workload, one per (dtype, engine): the report's figure, for a notebook too. Draws on
+    ``ax`` if given, else on a new pyplot figure, and returns the figure."""
+    if not rows:
+        raise ValueError("no benchmark rows to plot")
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+    else:
+        fig = ax.figure
+    modes = sorted({(r.dtype, r.engine) for r in rows})
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    width = 0.8 / len(modes)
+    for i, (dtype, engine) in enumerate(modes):
+        rates = [next((r.pairs_per_s for r in rows if (r.workload, r.dtype, r.engine) == (w, dtype, engine)), 0) for w in workloads]
+        ax.bar(np.arange(len(workloads)) + i * width, rates, width, label=f"{engine} {dtype}")
+    ax.set_xticks(np.arange(len(workloads)) + width * (len(modes) - 1) / 2, workloads)
+    ax.set_ylabel("pairs/s")
+    ax.set_title("Cross-encoder throughput (higher is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,57 @@
+// The xenc_lab operators: their schemas, their CPU implementations (each op's own file), and the queries that say
+// which optional paths this build has.
+
+#include <torch/library.h>
+
+#include "attention.h"
+#include "ops.h"
+#include "vec.h"
+
+namespace xenc_lab {
+namespace {
+
+bool gemm_f32_built() { return XENC_GEMM_F32; }
+bool half_gemm_built() { return XENC_HALF_GEMM; }
+bool paired_bf16_built() { return kPairedKeys<BFloat16>; }
+bool tiles_built() { return XENC_TILES; }
+
+}  // namespace
+}  // namespace xenc_lab
+
+TORCH_LIBRARY(xenc_lab, m) {
+  m.def(
+      "packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, "
+      "float scale, int window) -> Tensor");
+  m.def(
+      "packed_attention_tiles(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, "
+      "float scale, int window) -> Tensor");
+  m.def("tiles_built() -> bool", &xenc_lab::tiles_built);
+  m.def("folded_pool(Tensor x, Tensor folded, Tensor cu_seqlens) -> Tensor");
+  m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
+  m.def("gemm_f32_built() -> bool", &xenc_lab::gemm_f32_built);
+  m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
+  m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
+  m.def(
+      "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "
+      "Tensor? residual) -> Tensor");
+  m.def(
+      "linear_widened(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
+      "Tensor");
+  m.def(
+      "linear_f32(Tensor x, Tensor blocks, Tensor bias, int out_features, str activation, Tensor? residual) -> "
+      "Tensor");
+}
+
+TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
+  m.impl("packed_attention", &xenc_lab::packed_attention);
+  m.impl("packed_attention_tiles", &xenc_lab::packed_attention_tiles);
+  m.impl("layer_norm", &xenc_lab::layer_norm);
+  m.impl("folded_pool", &xenc_lab::folded_pool);
+#if XENC_GEMM_F32
+  m.impl("linear_f32", &xenc_lab::linear_f32);
+  m.impl("linear_widened", &xenc_lab::linear_widened);
+#endif
+#if XENC_HALF_GEMM
+  m.impl("linear_half", &xenc_lab::linear_half);
+#endif
+}

@@ -1,0 +1,43 @@
+// The operators' entry points, registered in ops.cpp; each is defined in the file of its op.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "vec.h"
+
+namespace xenc_lab {
+
+// attention.cpp: the kernel, and the tile path where it is built (XENC_TILES).
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
+                            double scale, int64_t window);
+at::Tensor packed_attention_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
+                                  double scale, int64_t window);
+
+// folded_pool.cpp
+at::Tensor folded_pool(const at::Tensor& x, const at::Tensor& folded, const at::Tensor& cu_seqlens);
+
+// layer_norm.cpp
+at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                      double eps);
+
+#if XENC_GEMM_F32
+// gemm_f32.cpp
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                      c10::string_view activation, const std::optional<at::Tensor>& residual);
+at::Tensor linear_widened(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& bias, int64_t out_features,
+                          c10::string_view activation, const std::optional<at::Tensor>& residual);
+#endif
+
+#if XENC_HALF_GEMM
+// gemm_half.cpp
+at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t weight_exponent, const at::Tensor& bias,
+                       int64_t out_features, c10::string_view activation, const std::optional<at::Tensor>& residual);
+#endif
+
+}  // namespace xenc_lab

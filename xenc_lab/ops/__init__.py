@@ -1,0 +1,1 @@
+"""Ops the packed models share: layout conversions, attention, first-token attention, fused linears."""

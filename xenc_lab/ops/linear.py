@@ -1,0 +1,44 @@
+"""Linear layers as the models use them: fused projections, output rows, and a GEMM with its residual or GELU
+inside where the CPU backend prepacked the layer."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cpu.prepacked import PrepackedLinear
+
+
+def fuse_linears(*parts: nn.Linear) -> nn.Linear:
+    """One Linear computing all of ``parts`` side by side: one GEMM, one pass over the activations."""
+    first = parts[0]
+    fused = nn.Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None)
+    fused = fused.to(device=first.weight.device, dtype=first.weight.dtype).requires_grad_(False)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if first.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    return fused
+
+
+def linear_rows(linear: nn.Module, start: int, stop: int, x: torch.Tensor, per_pair: bool = False) -> torch.Tensor:
+    """Output features start:stop of ``linear`` on x. ``per_pair``: x holds one row per pair, which in float32 take
+    torch's F.linear even where the layer is prepacked (see ``cpu.prepacked.prepack_linears``)."""
+    if isinstance(linear, PrepackedLinear) and not (per_pair and x.dtype == torch.float32):
+        return linear.forward_rows(x, start, stop)
+    bias = None if linear.bias is None else linear.bias[start:stop]
+    return F.linear(x, linear.weight[start:stop], bias)
+
+
+def linear_plus(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """linear(x) + residual, the add inside the GEMM where the layer is prepacked."""
+    if isinstance(linear, PrepackedLinear):
+        return linear(x, residual=residual)
+    return linear(x) + residual
+
+
+def linear_gelu(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU of linear(x): inside the GEMM where the layer is prepacked, else in place."""
+    if isinstance(linear, PrepackedLinear):
+        return linear(x, activation="gelu")
+    return torch.ops.aten.gelu_(linear(x))

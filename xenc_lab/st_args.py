@@ -1,0 +1,92 @@
+"""sentence-transformers' argument forms at the public boundary: what a pair is, its old argument names, and the
+checks of flags and ordered inputs, so that ``Scorer`` reads like the engine it fronts."""
+from __future__ import annotations
+
+import reprlib
+import warnings
+
+import numpy as np
+
+
+def is_single_pair(inputs) -> bool:
+    # sentence-transformers' rule: a list/tuple whose first element is not a list/tuple is one pair.
+    if isinstance(inputs, np.ndarray):
+        return inputs.ndim == 1 and inputs.size > 0
+    return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and not isinstance(inputs[0], (list, tuple, np.ndarray))
+
+
+def split_pairs(pairs: list) -> tuple[list[str], list[str]]:
+    text_1, text_2 = [], []
+    for i, pair in enumerate(pairs):
+        sized = isinstance(pair, (list, tuple)) or (isinstance(pair, np.ndarray) and pair.ndim > 0)
+        if not sized or len(pair) != 2:
+            got = f"{type(pair).__name__} of length {len(pair)}" if sized else f"{type(pair).__name__} {reprlib.repr(pair)}"
+            raise ValueError(f"pair {i}: expected a (text_1, text_2) pair of two str, got {got}")
+        a, b = pair
+        for side, text in ((1, a), (2, b)):
+            if not isinstance(text, str):
+                raise TypeError(f"pair {i}: text_{side} must be str, got {type(text).__name__}")
+        text_1.append(a)
+        text_2.append(b)
+    return text_1, text_2
+
+
+def check_flags(**flags) -> None:
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _unexpected(method: str, names) -> TypeError:
+    return TypeError(f"{method}() got unexpected keyword argument(s) {sorted(names)}")
+
+
+def predict_names(pairs, activation_fn, other: dict):
+    """sentence-transformers' other names for predict's arguments: v6's ``inputs`` for the pairs, and from before
+    v5 ``sentences``, ``activation_fct`` and ``num_workers`` (ignored), the old ones with a warning."""
+    unknown = set(other) - {"inputs", "sentences", "activation_fct", "num_workers"}
+    if unknown:
+        raise _unexpected("predict", unknown)
+    old = [name for name in other if name != "inputs"]
+    if old:
+        hints = {"sentences": "use pairs=", "activation_fct": "use activation_fn=", "num_workers": "ignored"}
+        warnings.warn("predict() took old sentence-transformers names: "
+                      + ", ".join(f"{name} ({hints[name]})" for name in old), FutureWarning, stacklevel=3)
+    given = [name for name in ("inputs", "sentences") if name in other] + (["pairs"] if pairs is not None else [])
+    if len(given) > 1:
+        raise TypeError(f"predict() got the pairs under several names ({', '.join(sorted(given))}); pass pairs alone")
+    if given and given[0] != "pairs":
+        pairs = other[given[0]]
+    if "activation_fct" in other:
+        if activation_fn is not None:
+            raise TypeError("predict() got both activation_fn and activation_fct; pass activation_fn alone")
+        activation_fn = other["activation_fct"]
+    if pairs is None:
+        raise TypeError("predict() needs pairs: a (text_1, text_2) pair or a list of them")
+    return pairs, activation_fn
+
+
+def rank_names(activation_fn, old: dict):
+    """rank's arguments sentence-transformers v6 still takes and ignores (``apply_softmax``, ``convert_to_numpy``,
+    ``convert_to_tensor``, ``num_workers``), and the old name ``activation_fct``: each with a warning."""
+    unknown = set(old) - {"apply_softmax", "convert_to_numpy", "convert_to_tensor", "num_workers", "activation_fct"}
+    if unknown:
+        raise _unexpected("rank", unknown)
+    ignored = sorted(set(old) - {"activation_fct"})
+    if ignored:
+        warnings.warn(f"rank() ignores {ignored}, as sentence-transformers v6 does", FutureWarning, stacklevel=3)
+    if "activation_fct" in old:
+        if activation_fn is not None:
+            raise TypeError("rank() got both activation_fn and activation_fct; pass activation_fn alone")
+        warnings.warn("rank() took the old sentence-transformers name activation_fct: use activation_fn=",
+                      FutureWarning, stacklevel=3)
+        activation_fn = old["activation_fct"]
+    return activation_fn
+
+
+def check_ordered(name: str, value, expected: str) -> None:
+    """``value`` must be an ordered iterable (not a str, a set or a dict): scores come back in its order."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    if isinstance(value, (set, frozenset, dict)):
+        raise TypeError(f"{name} must be {expected}, in an order the scores can follow; got a {type(value).__name__}")
