@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from torch import nn
 
+from parity_tests.zoo import build_tiny
 from xenc_lab import Scorer
 
 from .activations import ScaledTanh
-from parity_tests.zoo import build_tiny
 
 ATOL = 1e-5
 PAIRS = [("how tall is everest", "Everest is 8,849 m high."), ("q", "d"), ("hello world", "")]

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from xenc_lab import Scorer
 from xenc_lab.batch import MIN_SEQUENCES, pack
+from xenc_lab.bench.workloads import make_pairs
 from xenc_lab.choices import resolve
 from xenc_lab.models import PackedModel
 from xenc_lab.pages import ATTENTION_ALIGN, bucket_shape, pages_for, plan_batches
 from xenc_lab.runner import ModelRunner
 from xenc_lab.tokenize import Encodings
-from xenc_lab.bench.workloads import make_pairs
 
 from .conftest import PAIRS
 

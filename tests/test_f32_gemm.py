@@ -336,8 +336,8 @@ def test_prepacked_linear_takes_it_where_16_bit_products_run_in_fp32(dtype):
 def test_float16_layers_take_the_fp32_route_whatever_is_asked():
     """fp16 products are exact in fp32; neither oneDNN's bf16 GEMM nor the fp16 one of bf16 layers applies."""
     linear = layer_of(torch.float16, 32, 48)
-    for gemm in (None, "native", "fp32", "fp16"):
-        layer = PrepackedLinear(linear, gemm=gemm)
+    for route in (None, "native", "fp32", "fp16"):
+        layer = PrepackedLinear(linear, gemm=route)
         assert layer.gemm == "fp32" and layer.fused and layer.packed.dtype == torch.float32
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xenc_lab.cpu import kernels, native
+from xenc_lab.cpu import native
 from xenc_lab.cpu.norm import RowLayerNorm, row_layer_norms
 
 

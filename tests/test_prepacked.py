@@ -15,6 +15,7 @@ from xenc_lab.ops.first_token import split_first
 from xenc_lab.ops.linear import linear_plus
 from xenc_lab.tokenize import Encodings
 
+
 def cpu_choices(dtype: torch.dtype):
     """The choices a Scorer at ``dtype`` on this CPU makes (the GEMM routes among them)."""
     return resolve(torch.device("cpu"), dtype, None, False)
@@ -112,7 +113,6 @@ def test_prepacked_linear_adds_a_residual_inside_the_gemm(dtype):
 
 def test_bf16_gemm_is_read_from_the_cpu_or_the_environment(monkeypatch):
     from xenc_lab.cpu.gemm import bf16_gemm
-
     from xenc_lab.cpu.kernels import half_gemm_available
 
     runs = {"native": onednn_bf16(), "fp32": True, "fp16": half_gemm_available()}

@@ -85,10 +85,10 @@ def test_predict_scores_do_not_depend_on_batch_size(scorer, pairs):
 
 
 def test_predict_scores_do_not_depend_on_the_tokenization_window(scorer, pairs, monkeypatch):
-    import xenc_lab.scorer
+    import xenc_lab.engine
 
     want = scorer.predict(pairs)
-    monkeypatch.setattr(xenc_lab.scorer, "WINDOW", 3)  # windows of 3, 3, and the rest
+    monkeypatch.setattr(xenc_lab.engine, "WINDOW", 3)  # windows of 3, 3, and the rest
     np.testing.assert_allclose(scorer.predict(pairs), want, rtol=0, atol=1e-6)
 
 
@@ -104,8 +104,8 @@ def _half_test_pairs(dtype: str) -> list[tuple[str, str]]:
     """The 16-bit tests' pairs: mixed (a tail to 512 tokens) for bf16 where oneDNN multiplies bf16, short ones
     elsewhere. Without a GEMM of the dtype, sentence-transformers' 16-bit runs go through torch's conversions (55 s
     for 48 mixed pairs on an AVX2-only CPU, 17 s for short ones); fp16 runs so wherever these tests run."""
-    from xenc_lab.cpu.gemm import onednn_bf16
     from xenc_lab.bench.workloads import make_pairs
+    from xenc_lab.cpu.gemm import onednn_bf16
 
     return make_pairs("mixed" if dtype == "bfloat16" and onednn_bf16() else "short", 48, seed=5)
 

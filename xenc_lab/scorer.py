@@ -5,15 +5,13 @@ import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from .batch import pack
 from .config import ScorerConfig, resolve_device, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
+from .engine import run_pairs
 from .loader import architecture_of, load_config, load_model, position_limit, resolve
 from .pages import pages_for
 from .runner import ModelRunner
@@ -21,8 +19,6 @@ from .scores import default_activation, to_scores
 from .st_args import check_flags, check_ordered, is_single_pair, predict_names, rank_names, split_pairs
 from .st_format import processing_max_length, read_cross_encoder_save
 from .tokenize import PairTokenizer
-
-WINDOW = 1024  # pairs tokenized and scheduled together: memory is bounded by this, not by the input
 
 
 class Scorer:
@@ -84,7 +80,6 @@ class Scorer:
         self.runner = ModelRunner(model, self.choices)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
-        self.overlap_tokenization = True
 
     # -- properties a notebook reaches for --------------------------------------------------------
     @property
@@ -179,24 +174,6 @@ class Scorer:
             return self.save.prompts[prompt_name]
         return self.save.prompts.get(self.save.default_prompt_name) if self.save.default_prompt_name else None
 
-    def _tokenized_windows(self, text_1: list[str], text_2: list[str], max_length: int | None = None):
-        """Yield (start, Encodings) per window of pairs; the next window is tokenized in a background
-        thread while the caller runs the model on this one (the tokenizer releases the GIL)."""
-        starts = range(0, len(text_1), WINDOW)
-        window = lambda start: (text_1[start : start + WINDOW], text_2[start : start + WINDOW], max_length)
-        if len(starts) <= 1 or not self.overlap_tokenization:
-            for start in starts:
-                yield start, self.tokenizer(*window(start))
-            return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xenc-tokenize") as pool:
-            submit = lambda start: pool.submit(self.tokenizer, *window(start))
-            pending = submit(starts[0])
-            for i, start in enumerate(starts):
-                enc = pending.result()
-                if i + 1 < len(starts):
-                    pending = submit(starts[i + 1])
-                yield start, enc
-
     def logits(
         self,
         pairs: Sequence,
@@ -206,27 +183,16 @@ class Scorer:
         max_length: int | None = None,
     ) -> torch.Tensor:
         """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1;
-        ``max_length`` (checked by the caller) truncates the pairs instead of the Scorer's own.
-
-        The logits gather on the model's device and come back in one copy at the end: on CUDA the host packs the
-        next batch while the GPU runs this one (a copy back per batch would wait for each)."""
+        ``max_length`` (checked by the caller) truncates the pairs instead of the Scorer's own."""
         text_1, text_2 = split_pairs(list(pairs))
         if prompt:
             text_1 = [prompt + t for t in text_1]
-        n = len(text_1)
-        out = torch.empty(n, self.num_labels, dtype=torch.float32, device=self.device)
-        if show_progress_bar is None:
-            show_progress_bar = n >= 2048
         cfg = self.config
-        with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
-            for start, enc in self._tokenized_windows(text_1, text_2, max_length):
-                for pairs_idx in self.runner.plan(enc.lengths, cfg.page_size, cfg.pages_per_batch, batch_size):
-                    shape = self.runner.batch_shape(enc.lengths[pairs_idx], cfg.page_size, cfg.pages_per_batch)
-                    batch = pack(enc, pairs_idx, cfg.page_size, self.pad_token_id, shape)
-                    rows = torch.from_numpy(pairs_idx + start).to(self.device, non_blocking=True)
-                    out[rows] = self.runner(batch).float()  # queued before a CUDA graph's next replay reuses it
-                    bar.update(len(pairs_idx))
-        return out.cpu()
+        return run_pairs(
+            self.tokenizer, self.runner, text_1, text_2, num_labels=self.num_labels, page_size=cfg.page_size,
+            max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id, batch_size=batch_size, max_length=max_length,
+            show_progress_bar=len(text_1) >= 2048 if show_progress_bar is None else show_progress_bar,
+        )
 
     def predict(
         self,

@@ -8,8 +8,8 @@ Nothing is stripped.
 Pairs are encoded text by text and truncated here, by the tokenizers library's own ``longest_first`` rule, then
 laid out with the special tokens where the tokenizer's post-processor puts them. The ids are the tokenizer's (the
 library encodes the two texts of a pair independently too), but the cost is linear: the library, asked to truncate a
-pair, also builds every combination of the two texts' overflowing pieces, which the caller then drops (measured on
-MiniLM-L6's tokenizer, one pair of two 5,000-word documents at max_length 512: 2.7 s that way, 58 ms text by text).
+pair, also builds every combination of the two texts' overflowing pieces, which the caller then drops
+(docs/architecture.md has the measurement).
 Tokenizers whose layout is not a fixed template around the two texts (checked on probe pairs at load), and slow
 tokenizers, are called as CrossEncoder calls them.
 """

@@ -11,19 +11,11 @@ import torch
 
 from ..cpu.info import cpu_info
 from ..cpu.kernels import widened_gemm_available
-from .timing import BenchRow
+from .timing import BenchRow, device_name
 
 
 def as_dicts(rows: list[BenchRow]) -> list[dict]:
     return [asdict(r) for r in rows]
-
-
-def device_name(device: str | torch.device = "cuda") -> str:
-    """A CUDA device as a report names it: model, memory, compute capability, CUDA version."""
-    device = torch.device(device)
-    props = torch.cuda.get_device_properties(device)
-    return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, "
-            f"CUDA {torch.version.cuda})")
 
 
 def _version(package: str) -> str:

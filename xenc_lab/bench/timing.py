@@ -39,7 +39,7 @@ class BenchRow:
     compiled_graphs: int = 0  # xenc_lab with compile=True: graphs compiled so far in this dtype
     batch_shapes: int = 0  # distinct (tokens, sequences, attention length) batch shapes they ran
     compile_seconds: float = 0.0  # time of the calls that compiled a graph
-    bf16_gemm: str = ""  # bfloat16 rows: how xenc_lab's bf16 GEMMs ran ("native", "fp32" or "fp16", layers.bf16_gemm)
+    bf16_gemm: str = ""  # bfloat16 rows: how xenc_lab's bf16 GEMMs ran ("native", "fp32" or "fp16", cpu.gemm.bf16_gemm)
     native_bf16_gflops: float = 0.0  # where they did not run native: oneDNN's native bf16 rate
     fp32_bf16_gflops: float = 0.0  # where they ran in fp16: the rate of the fp32 route
     attention_path: str = ""  # xenc_lab rows: where its CPU attention ran ("kernel", "tiles" or "sdpa")
@@ -129,7 +129,7 @@ def run(
     xenc_lab with compile=True as a third engine, both engines on ``device`` ("cpu" or "cuda").
 
     ``workloads`` are built-in names (``n_pairs`` pairs each, from ``seed``), ``(name, pairs)`` tuples
-    of your own (``xenc_lab.workloads.load_pairs`` reads them from a file), or a dict of name to pairs.
+    of your own (``xenc_lab.bench.workloads.load_pairs`` reads them from a file), or a dict of name to pairs.
     ``max_batch_tokens``: xenc_lab's token budget per batch (default: the Scorer's).
     ``max_abs_delta`` is always taken against sentence-transformers in fp32 on the CPU, the parity suite's
     oracle, computed once per workload."""
@@ -254,6 +254,14 @@ def run(
             runner = ours["xenc_lab compiled"].runner
             log(f"compiled graphs ({dtype}): {runner.graphs} for {len(runner.shapes)} batch shapes, compile time {runner.compile_seconds:.1f} s")
     return rows
+
+
+def device_name(device: str | torch.device = "cuda") -> str:
+    """A CUDA device as a report names it: model, memory, compute capability, CUDA version."""
+    device = torch.device(device)
+    props = torch.cuda.get_device_properties(device)
+    return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, "
+            f"CUDA {torch.version.cuda})")
 
 
 def set_error_ratios(rows: list[BenchRow]) -> None:

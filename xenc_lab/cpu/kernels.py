@@ -96,7 +96,7 @@ def packed_attention_cpu(
 
 def folded_pool_cpu(x: torch.Tensor, folded: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor | None:
     """Per pair b (rows cu_seqlens[b]:[b + 1] of x, (T, d)) and head h, sum_j softmax_j(x_j . folded[h, b]) x_j as
-    (B, H, d), zeros for empty pairs and pairs past cu_seqlens (``layers.folded_first_token_attention``); None
+    (B, H, d), zeros for empty pairs and pairs past cu_seqlens (``ops.first_token.folded_first_token_attention``); None
     without the kernel. The pairs are shared among the threads, each pair's ops single-threaded."""
     if not available():
         return None
