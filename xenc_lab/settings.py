@@ -40,6 +40,8 @@ SETTINGS = {
                 "CPU batches padded to a few bucket shapes (bounded oneDNN caches), or each at its own shape"),
         Setting("XENC_LAB_CUDA_COMPILE", "dynamic", ("dynamic", "static"),
                 "compile=True on CUDA: one compilation with symbolic sizes, or one per bucket shape"),
+        Setting("XENC_LAB_PARITY_DEVICE", "cpu", None,
+                "the parity suite only: the device xenc_lab runs on against the oracle on the CPU"),
     )
 }
 
