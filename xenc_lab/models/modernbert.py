@@ -141,7 +141,6 @@ class ModernBertModel(nn.Module):
             raise ValueError(f"layer_types must be {config.num_hidden_layers} of {KINDS}, got {kinds}")
         self.config = config
         self.rope_types = {kind: _rope_type(config, kind) for kind in sorted(set(kinds))}
-        self.local_attention = config.local_attention
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = _norm(config)
