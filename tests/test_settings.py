@@ -61,3 +61,10 @@ def test_a_loaded_scorer_keeps_its_choices_whatever_the_environment_says_later(t
     monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "folded")
     np.testing.assert_array_equal(scorer.predict(pairs, activation_fn=torch.nn.Identity()), before)
     assert scorer.choices is choices and scorer.runner.choices is choices
+
+
+def test_a_bad_value_is_refused_before_any_weights_are_read(tiny_dir, monkeypatch):
+    monkeypatch.setenv("XENC_LAB_BF16_GEMM", "int4")
+    monkeypatch.setattr("xenc_lab.scorer.load_model", lambda *a, **k: pytest.fail("the weights were read"))
+    with pytest.raises(ValueError, match="XENC_LAB_BF16_GEMM must be one of native, fp32, fp16, got 'int4'"):
+        Scorer(tiny_dir, device="cpu")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from . import settings
 from .config import ScorerConfig, resolve_device, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
 from .engine import run_pairs
@@ -59,6 +60,7 @@ class Scorer:
             trust_remote_code=trust_remote_code,
         )
         cfg = self.config
+        settings.check_all()
         path = resolve(model_name_or_path)
         self.path = path
         self.save = read_cross_encoder_save(path)

@@ -59,6 +59,13 @@ def get(name: str) -> str | None:
     return value
 
 
+def check_all() -> None:
+    """Every variable that is set holds one of its choices (a ValueError naming them otherwise): a Scorer checks this
+    before it reads any weights."""
+    for name in SETTINGS:
+        get(name)
+
+
 def cache_root() -> Path:
     """``XENC_LAB_CACHE``, else ~/.cache/xenc_lab: where the default model and the kernel builds are kept."""
     return Path(get("XENC_LAB_CACHE") or Path.home() / ".cache" / "xenc_lab")
