@@ -39,6 +39,10 @@ class PackedBatch:
     pairs: np.ndarray  # (P,) which input pair each sequence is; sequences past P are shape filler
     num_tokens: int  # real tokens, without the filler
 
+    def shape(self) -> tuple[int, int, int]:
+        """(T, B, L), the shape the runner records."""
+        return self.input_ids.shape[0], self.seq_lens.shape[0], self.max_seqlen
+
     def to(self, device: torch.device) -> PackedBatch:
         moved = {}
         for name in self.__slots__:

@@ -31,10 +31,14 @@ class Choices:
         return self.attention != "sdpa"
 
 
-def resolve(device: torch.device, dtype: torch.dtype, head_shape: tuple[int, int] | None, compile: bool) -> Choices:
+def resolve(
+    device: torch.device, dtype: torch.dtype, head_shape: tuple[int, int] | None, compile: bool, causal: bool = False
+) -> Choices:
     """The choices for a model of this ``head_shape`` ((heads, head dim); None where the family's attention is its
     own) at ``dtype`` on ``device``. On the CPU this builds the native kernels (once per kind of CPU) and, on CPUs
-    with AMX, may time the attention paths (once per kind of CPU, kept on disk)."""
+    with AMX, may time the attention paths (once per kind of CPU, kept on disk). A ``causal`` model (a decoder)
+    writes its KV cache in place from inside the forward, which CUDA graphs cannot replay: compiled on CUDA, it
+    runs without them."""
     cpu = device.type == "cpu"
     attention = "sdpa"
     if head_shape is not None and cpu and native.available():
@@ -43,7 +47,7 @@ def resolve(device: torch.device, dtype: torch.dtype, head_shape: tuple[int, int
             attention = "kernel"
     elif head_shape is not None and not cpu and varlen_runs(device, dtype, head_shape[1]):
         attention = "varlen"
-    graphs = compile and not cpu
+    graphs = compile and not cpu and not causal
     if graphs:
         batch_shapes = "graphs"
     elif cpu:

@@ -76,6 +76,11 @@ def position_limit(config: PretrainedConfig) -> int | None:
     return config.max_position_embeddings
 
 
+def is_decoder(architecture: str) -> bool:
+    """Whether xenc_lab runs ``architecture`` as a decoder (causal attention, a paged KV cache)."""
+    return architecture in ARCHITECTURES and ARCHITECTURES[architecture].causal
+
+
 def build_model(config: PretrainedConfig) -> PackedModel:
     arch = architecture_of(config)
     if arch not in ARCHITECTURES:
@@ -158,7 +163,7 @@ def load_model(
     load_weights(model, read_checkpoint(path))
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     model.after_load()
-    choices = engine_choices.resolve(device, dtype, model.head_shape(), compile)
+    choices = engine_choices.resolve(device, dtype, model.head_shape(), compile, model.causal)
     if device.type == "cpu":
         keep_freed_batches()
         prepack_linears(model, choices, keep=model.per_pair_linears() if dtype == torch.float32 else ())

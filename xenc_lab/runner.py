@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .batch import PackedBatch
+from .chunks import ChunkBatch
 from .choices import Choices
 from .models import PackedModel
 from .pages import ATTENTION_SLACK, bucket_shape, plan_batches
@@ -80,15 +81,16 @@ class ModelRunner:
         return options
 
     @torch.inference_mode()
-    def __call__(self, batch: PackedBatch) -> torch.Tensor:
-        """(P, num_labels) logits for the batch's pairs, in the batch's order (shape filler dropped)."""
-        self.shapes.add((batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen))
+    def __call__(self, batch: PackedBatch | ChunkBatch, *state) -> torch.Tensor:
+        """(P, num_labels) logits for the batch's pairs, in the batch's order (shape filler dropped). ``state``: what
+        else the model's forward takes (a decoder's KV cache)."""
+        self.shapes.add(batch.shape())
         batch = batch.to(self.device)
         if not self.compiled:
-            return self.model(batch, self.choices)[: len(batch.pairs)]
+            return self.model(batch, self.choices, *state)[: len(batch.pairs)]
         before, start = _graphs_compiled(), time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=self.MAX_GRAPHS):
-            logits = self._forward(batch, self.choices)
+            logits = self._forward(batch, self.choices, *state)
         if (after := _graphs_compiled()) > before:
             self.graphs += after - before
             self.compile_seconds += time.perf_counter() - start

@@ -1,6 +1,7 @@
 """The public face of xenc_lab: ``Scorer``, a drop-in for sentence-transformers' ``CrossEncoder``."""
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import warnings
@@ -12,14 +13,16 @@ import torch
 from . import settings
 from .config import ScorerConfig, resolve_device, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
+from .chat import ChatPairTokenizer, pair_tokenizer, score_tokens
+from .decoder_engine import TokenCounts, run_decoder_pairs
 from .engine import run_pairs
-from .loader import architecture_of, load_config, load_model, position_limit, resolve
+from .kv_cache import KVCache
+from .loader import architecture_of, is_decoder, load_config, load_model, position_limit, resolve
 from .pages import pages_for
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
 from .st_args import check_flags, check_ordered, is_single_pair, predict_names, rank_names, split_pairs
 from .st_format import processing_max_length, read_cross_encoder_save
-from .tokenize import PairTokenizer
 
 
 class Scorer:
@@ -41,6 +44,7 @@ class Scorer:
         compile: bool = False,
         activation_fn: Callable | None = None,
         trust_remote_code: bool = False,
+        share_prefix: bool | None = None,
     ):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,8 +71,10 @@ class Scorer:
         model_dir = self.save.model_dir  # the save's root, or its Transformer module's folder
         self.hf_config = load_config(model_dir, trust_remote_code, **self.save.config_kwargs)
         self.architecture = architecture_of(self.hf_config)
-        self.tokenizer = PairTokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save,
-                                       position_limit(self.hf_config))
+        self.decoder = is_decoder(self.architecture)
+        self.share_prefix = self._check_share_prefix(share_prefix)
+        self.tokenizer = pair_tokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save,
+                                        position_limit(self.hf_config))
         self._check_max_length(self.tokenizer.max_length, "pass", self.tokenizer.from_where())
         self.device = device
         if device.type == "cpu" and cfg.dtype in HALF_UNITS and native_half_units(cfg.dtype) is False:
@@ -79,14 +85,36 @@ class Scorer:
                 stacklevel=2,
             )
         model, self.choices = load_model(model_dir, self.hf_config, self.device, cfg.torch_dtype, cfg.compile)
+        if self.architecture.endswith("ForCausalLM"):
+            model.set_score_tokens(*score_tokens(self.tokenizer.tokenizer, self.save))
         self.runner = ModelRunner(model, self.choices)
-        self.activation_fn = activation_fn if activation_fn is not None else default_activation(self.hf_config, self.save, trust_remote_code)
+        self.activation_fn = activation_fn if activation_fn is not None else default_activation(
+            self.hf_config, self.save, trust_remote_code, self.num_labels)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
+        self.kv_cache = KVCache.for_config(self.hf_config, cfg.page_size, cfg.torch_dtype, device) if self.decoder else None
+        self.token_counts = TokenCounts()  # the last call's tokens scored and computed (decoders)
+        # transformers' sequence classifiers read the last token that is not the pad id
+        pad = self.hf_config.pad_token_id
+        self._pooled_past = pad if self.decoder and not self.architecture.endswith("ForCausalLM") else None
+
+    def _check_share_prefix(self, share_prefix) -> bool:
+        """None: on for decoders (off for encoders, whose tokens all attend to each other: no prefix is computed
+        once); False: off (for measurement); True on an encoder is refused."""
+        if share_prefix is not None and not isinstance(share_prefix, bool):
+            raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
+        if share_prefix and not self.decoder:
+            raise ValueError(
+                f"share_prefix=True needs a decoder reranker (causal attention: a shared prefix is computed once); "
+                f"{self.architecture} is an encoder, whose every token attends to every other. Leave share_prefix "
+                "unset (None)"
+            )
+        return self.decoder if share_prefix is None else share_prefix
 
     # -- properties a notebook reaches for --------------------------------------------------------
     @property
     def num_labels(self) -> int:
-        return int(self.hf_config.num_labels)
+        # A causal LM scores through its yes/no logits (sentence-transformers' LogitScore): one label.
+        return 1 if self.architecture.endswith("ForCausalLM") else int(self.hf_config.num_labels)
 
     @property
     def labels(self) -> list[str]:
@@ -131,7 +159,7 @@ class Scorer:
             )
         cfg = self.config
         longest = pages_for(max_length, cfg.page_size) * cfg.page_size
-        if longest > cfg.max_batch_tokens:
+        if longest > cfg.max_batch_tokens and not self.decoder:  # a decoder runs a long pair in chunks
             raise ValueError(
                 f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={max_length}{source} "
                 f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
@@ -184,16 +212,29 @@ class Scorer:
         prompt: str | None = None,
         max_length: int | None = None,
     ) -> torch.Tensor:
-        """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1;
-        ``max_length`` (checked by the caller) truncates the pairs instead of the Scorer's own."""
+        """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1 (a
+        decoder's chat template places it, as a system message); ``max_length`` (checked by the caller) truncates
+        the pairs instead of the Scorer's own."""
         text_1, text_2 = split_pairs(list(pairs))
-        if prompt:
-            text_1 = [prompt + t for t in text_1]
         cfg = self.config
+        show = len(text_1) >= 2048 if show_progress_bar is None else show_progress_bar
+        tokenize = self.tokenizer
+        if isinstance(tokenize, ChatPairTokenizer):
+            tokenize = functools.partial(tokenize, prompt=prompt or None)
+        elif prompt:
+            text_1 = [prompt + t for t in text_1]
+        if self.decoder:
+            self.token_counts = TokenCounts()
+            return run_decoder_pairs(
+                tokenize, self.runner, self.kv_cache, text_1, text_2, num_labels=self.num_labels,
+                page_size=cfg.page_size, max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id,
+                share_prefix=self.share_prefix, batch_size=batch_size, max_length=max_length, show_progress_bar=show,
+                counts=self.token_counts, pooled_past=self._pooled_past,
+            )
         return run_pairs(
             self.tokenizer, self.runner, text_1, text_2, num_labels=self.num_labels, page_size=cfg.page_size,
             max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id, batch_size=batch_size, max_length=max_length,
-            show_progress_bar=len(text_1) >= 2048 if show_progress_bar is None else show_progress_bar,
+            show_progress_bar=show,
         )
 
     def predict(

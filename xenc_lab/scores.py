@@ -36,9 +36,12 @@ def _from_path(dotted_path: str, trust_remote_code: bool) -> Callable | None:
     return None
 
 
-def default_activation(config: PretrainedConfig, save: CrossEncoderSave, trust_remote_code: bool = False) -> Callable:
+def default_activation(
+    config: PretrainedConfig, save: CrossEncoderSave, trust_remote_code: bool = False, num_labels: int | None = None
+) -> Callable:
     """A CrossEncoder save's ``activation_fn``, then config.json's ``sentence_transformers`` and legacy keys,
-    else Sigmoid for one label and Identity for more."""
+    else Sigmoid for one label and Identity for more (``num_labels``: the model's, where not the config's: a causal
+    LM's yes/no score is one)."""
     candidates = [save.activation_fn]
     st_section = getattr(config, "sentence_transformers", None)
     if isinstance(st_section, dict) and "activation_fn" in st_section:
@@ -48,7 +51,8 @@ def default_activation(config: PretrainedConfig, save: CrossEncoderSave, trust_r
     for dotted in candidates:
         if dotted is not None and (fn := _from_path(dotted, trust_remote_code)) is not None:
             return fn
-    return nn.Sigmoid() if config.num_labels == 1 else nn.Identity()
+    num_labels = config.num_labels if num_labels is None else num_labels
+    return nn.Sigmoid() if num_labels == 1 else nn.Identity()
 
 
 def to_scores(logits: torch.Tensor, activation: Callable, apply_softmax: bool) -> torch.Tensor:

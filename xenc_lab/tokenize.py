@@ -117,6 +117,56 @@ def read_layout(backend: Tokenizer) -> PairLayout | None:
     return layout
 
 
+def load_tokenizer(
+    path: Path,
+    config: PretrainedConfig,
+    max_length: int | None = None,
+    trust_remote_code: bool = False,
+    save: CrossEncoderSave | None = None,
+    position_limit: int | None = None,
+):
+    """The tokenizer as CrossEncoder loads it, and the max_length its pairs are cut at with where that came from (None:
+    passed). From ``path`` with a CrossEncoder save's tokenizer arguments, its model_max_length the one passed, else the
+    save's (its tokenizer arguments', then its max_seq_length), else the tokenizer's own capped at the position table.
+    A save's ``processing_kwargs`` max_length, which CrossEncoder calls the tokenizer with, truncates every pair unless
+    ``max_length`` is passed. ``position_limit``: the longest pair the model can embed (``loader.position_limit``), None
+    where positions are unbounded."""
+    save = save if save is not None else CrossEncoderSave()
+    kwargs = dict(save.tokenizer_kwargs)
+    source = f"{save.module_config}'s processor_kwargs" if "model_max_length" in kwargs else None
+    if save.max_seq_length is not None and "model_max_length" not in kwargs:
+        kwargs["model_max_length"], source = save.max_seq_length, f"{save.module_config}'s max_seq_length"
+    if max_length is not None:
+        kwargs["model_max_length"], source = max_length, None
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs, trust_remote_code=trust_remote_code)
+    if "model_max_length" not in kwargs:
+        source = "the tokenizer's model_max_length"
+        max_positions = getattr(config, "max_position_embeddings", -1)
+        if max_positions is not None and max_positions != -1:
+            tokenizer.model_max_length = min(tokenizer.model_max_length, max_positions)
+        limit = position_limit
+        if limit is not None and tokenizer.model_max_length > limit:
+            logger.warning("%s: the tokenizer allows %d tokens but the position table embeds %d: pairs are cut at "
+                           "%d (sentence-transformers fails on longer ones)", path, tokenizer.model_max_length,
+                           limit, limit)
+            tokenizer.model_max_length = limit
+    if save.do_lower_case:
+        force_lowercase(tokenizer)
+    cut = int(tokenizer.model_max_length)
+    if save.text_max_length is not None and max_length is None:
+        cut, source = save.text_max_length, f"{save.module_config}'s processing_kwargs"
+    return tokenizer, cut, source
+
+
+def force_lowercase(tokenizer) -> None:
+    """Put a Lowercase first in the fast tokenizer's normalizer, as sentence-transformers does for do_lower_case."""
+    backend = tokenizer.backend_tokenizer
+    normalizer = backend.normalizer
+    parts = list(normalizer) if isinstance(normalizer, NormalizerSequence) else [normalizer]
+    if not any(isinstance(n, Lowercase) for n in parts):
+        backend.normalizer = NormalizerSequence([Lowercase()] + [n for n in parts if n is not None])
+
+
 class PairTokenizer:
     def __init__(
         self,
@@ -126,36 +176,14 @@ class PairTokenizer:
         trust_remote_code: bool = False,
         save: CrossEncoderSave | None = None,
         position_limit: int | None = None,
+        *,
+        loaded: tuple | None = None,
     ):
-        """The tokenizer as CrossEncoder loads it: from ``path`` with a CrossEncoder save's tokenizer arguments, its
-        model_max_length the one passed, else the save's (its tokenizer arguments', then its max_seq_length), else the
-        tokenizer's own capped at the position table. A save's ``processing_kwargs`` max_length, which CrossEncoder
-        calls the tokenizer with, truncates every pair unless ``max_length`` is passed. ``position_limit``: the
-        longest pair the model can embed (``loader.position_limit``), None where positions are unbounded."""
-        save = save if save is not None else CrossEncoderSave()
-        kwargs = dict(save.tokenizer_kwargs)
-        source = f"{save.module_config}'s processor_kwargs" if "model_max_length" in kwargs else None
-        if save.max_seq_length is not None and "model_max_length" not in kwargs:
-            kwargs["model_max_length"], source = save.max_seq_length, f"{save.module_config}'s max_seq_length"
-        if max_length is not None:
-            kwargs["model_max_length"], source = max_length, None
-        self.tokenizer = AutoTokenizer.from_pretrained(path, **kwargs, trust_remote_code=trust_remote_code)
-        if "model_max_length" not in kwargs:
-            source = "the tokenizer's model_max_length"
-            max_positions = getattr(config, "max_position_embeddings", -1)
-            if max_positions is not None and max_positions != -1:
-                self.tokenizer.model_max_length = min(self.tokenizer.model_max_length, max_positions)
-            limit = position_limit
-            if limit is not None and self.tokenizer.model_max_length > limit:
-                logger.warning("%s: the tokenizer allows %d tokens but the position table embeds %d: pairs are cut at "
-                               "%d (sentence-transformers fails on longer ones)", path, self.tokenizer.model_max_length,
-                               limit, limit)
-                self.tokenizer.model_max_length = limit
-        if save.do_lower_case:
-            self._force_lowercase()
-        self.max_length = int(self.tokenizer.model_max_length)
-        if save.text_max_length is not None and max_length is None:
-            self.max_length, source = save.text_max_length, f"{save.module_config}'s processing_kwargs"
+        """The tokenizer as CrossEncoder loads it (``load_tokenizer``; ``loaded``: its result, where the caller has
+        it), and the pair layout its post-processor makes."""
+        if loaded is None:
+            loaded = load_tokenizer(path, config, max_length, trust_remote_code, save, position_limit)
+        self.tokenizer, self.max_length, source = loaded
         self.max_length_source = source  # where a max_length not passed came from (None: passed), for messages
         specials = self.tokenizer.num_special_tokens_to_add(pair=True)  # a max_length below is refused by the Scorer
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
@@ -177,13 +205,6 @@ class PairTokenizer:
     def from_where(self) -> str:
         """Where a max_length not passed came from, as ' (from ...)' for messages; '' where it was passed."""
         return f" (from {self.max_length_source})" if self.max_length_source else ""
-
-    def _force_lowercase(self) -> None:
-        backend = self.tokenizer.backend_tokenizer
-        normalizer = backend.normalizer
-        parts = list(normalizer) if isinstance(normalizer, NormalizerSequence) else [normalizer]
-        if not any(isinstance(n, Lowercase) for n in parts):
-            backend.normalizer = NormalizerSequence([Lowercase()] + [n for n in parts if n is not None])
 
     def __call__(self, text_1: list[str], text_2: list[str], max_length: int | None = None) -> Encodings:
         """The pairs' ids, truncated to ``max_length`` tokens (default: the tokenizer's, ``self.max_length``)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .base import PackedModel
 from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 from .deberta_v2 import DebertaV2ForSequenceClassification
+from .decoder import DecoderForCausalLM, DecoderForSequenceClassification
 from .distilbert import DistilBertForSequenceClassification
 from .modernbert import ModernBertForSequenceClassification
 
@@ -15,6 +16,12 @@ ARCHITECTURES = {
     "DistilBertForSequenceClassification": DistilBertForSequenceClassification,
     "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
     "DebertaV2ForSequenceClassification": DebertaV2ForSequenceClassification,
+    "Qwen3ForCausalLM": DecoderForCausalLM,
+    "Qwen2ForCausalLM": DecoderForCausalLM,
+    "LlamaForCausalLM": DecoderForCausalLM,
+    "Qwen3ForSequenceClassification": DecoderForSequenceClassification,
+    "Qwen2ForSequenceClassification": DecoderForSequenceClassification,
+    "LlamaForSequenceClassification": DecoderForSequenceClassification,
 }
 
 __all__ = ["ARCHITECTURES", "PackedModel"]

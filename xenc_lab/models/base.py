@@ -11,6 +11,9 @@ the meta device, then loaded with its safetensors weights (``loader``). After th
 4. ``per_pair_linears()`` names the linear layers that see one row per pair (the last layer past its attention when
    only first tokens are read, the head): on the CPU in float32 they stay torch's (``cpu.prepacked``);
 5. ``forward(batch, choices)`` maps a ``PackedBatch`` to (B, num_labels) logits, B >= the batch's pairs.
+
+A decoder (``causal = True``) instead maps a ``chunks.ChunkBatch`` and the KV cache, ``forward(batch, choices,
+cache)``, to the logits of the chunks that end pairs (``decoder_engine``).
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from ..choices import Choices
 
 
 class PackedModel(nn.Module):
+    causal = False  # a decoder: causal attention over chunks and a paged KV cache (``chunks``), else an encoder
+
     def after_load(self) -> None:
         """Derive what the checkpoint does not store, on the weights' device; nothing by default."""
 

@@ -1,0 +1,169 @@
+"""The decoders' pipeline: windows of pairs are tokenized, their shared prefixes found on token ids (``prefix``) and
+computed once into the paged KV cache, level by level, then every pair's own tokens run as chunks over the cached
+pages, packed under the token budget; the last token of each pair gives its logits, in the caller's order.
+
+The cache holds only shared prefixes (nothing attends to a pair's own tokens after its chunk ran), and at most about
+``CACHE_BATCHES`` batches' worth at a time: a window's prefix tree runs in groups of whole subtrees that fit.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .chunks import Chunk, pack_chunks
+from .engine import tokenized_windows
+from .kv_cache import KVCache
+from .pages import pages_for
+from .prefix import Node, no_sharing, prefix_tree, split_long
+from .runner import ModelRunner
+from .tokenize import Encodings
+
+CACHE_BATCHES = 4  # shared-prefix tokens cached at once, in token budgets
+
+
+@dataclass
+class TokenCounts:
+    """Tokens of the pairs scored (``total``) and tokens the model ran (``computed``): their ratio is the gain that
+    sharing prefixes can give at best."""
+
+    total: int = 0
+    computed: int = 0
+
+    @property
+    def saved(self) -> float:
+        return 1 - self.computed / self.total if self.total else 0.0
+
+
+def _groups(nodes: list[Node], budget: int, page_size: int) -> list[list[int]]:
+    """Node indices in groups of whole subtrees (a root and what lies below it) whose shared nodes take at most
+    ``budget`` cache slots together (a single larger subtree is a group of its own). Nodes are parents first."""
+    root_of = np.empty(len(nodes), dtype=np.int64)
+    for i, node in enumerate(nodes):
+        root_of[i] = i if node.parent < 0 else root_of[node.parent]
+    cost: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        if node.pair < 0:
+            cost[int(root_of[i])] = cost.get(int(root_of[i]), 0) + pages_for(node.length, page_size) * page_size
+    members: dict[int, list[int]] = {}
+    for i in range(len(nodes)):
+        members.setdefault(int(root_of[i]), []).append(i)
+    groups, current, used = [], [], 0
+    for root, idx in members.items():
+        c = cost.get(root, 0)
+        if current and used + c > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.extend(idx)
+        used += c
+    if current:
+        groups.append(current)
+    return groups
+
+
+def run_decoder_pairs(
+    tokenize: Callable[..., Encodings],
+    runner: ModelRunner,
+    cache: KVCache,
+    text_1: list[str],
+    text_2: list[str],
+    *,
+    num_labels: int,
+    page_size: int,
+    max_pages: int,
+    pad_token_id: int,
+    share_prefix: bool = True,
+    batch_size: int | None = None,
+    max_length: int | None = None,
+    show_progress_bar: bool = False,
+    counts: TokenCounts | None = None,
+    pooled_past: int | None = None,
+) -> torch.Tensor:
+    """(N, num_labels) float32 logits of the pairs on the CPU, in the caller's order. ``counts`` (if given) adds up
+    the tokens scored and computed. ``pooled_past``: a token id that a pair's logits are read before (transformers'
+    sequence classifiers read the last token that is not the pad id): trailing runs of it are dropped, which under
+    causal attention changes nothing before them."""
+    n = len(text_1)
+    out = torch.empty(n, num_labels, dtype=torch.float32, device=runner.device)
+    counts = counts if counts is not None else TokenCounts()
+    with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
+        for start, enc in tokenized_windows(tokenize, text_1, text_2, max_length):
+            if pooled_past is not None:
+                enc = trim_trailing(enc, pooled_past)
+            nodes = prefix_tree(enc, min_shared=page_size) if share_prefix else no_sharing(enc)
+            nodes = split_long(nodes, max_pages * page_size)
+            counts.total += int(enc.lengths.sum())
+            counts.computed += sum(node.length for node in nodes)
+            for group in _groups(nodes, CACHE_BATCHES * max_pages * page_size, page_size):
+                done = _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_pages, pad_token_id,
+                                  batch_size)
+                bar.update(done)
+    return out.cpu()
+
+
+def trim_trailing(enc: Encodings, token: int) -> Encodings:
+    """``enc`` without each pair's trailing ``token``s (a pair of nothing else keeps its first token)."""
+    ends = enc.offsets[1:].copy()
+    for i in np.flatnonzero(enc.ids[ends - 1] == token):
+        while ends[i] - 1 > enc.offsets[i] and enc.ids[ends[i] - 1] == token:
+            ends[i] -= 1
+    if (ends == enc.offsets[1:]).all():
+        return enc
+    keep = np.concatenate([np.arange(a, b) for a, b in zip(enc.offsets[:-1], ends)])
+    offsets = np.zeros_like(enc.offsets)
+    np.cumsum(ends - enc.offsets[:-1], out=offsets[1:])
+    return Encodings(enc.ids[keep], None, offsets)
+
+
+def _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_pages, pad_token_id, batch_size) -> int:
+    """Run one group of subtrees: shared nodes level by level into the cache, then the leaves; returns its pairs."""
+    ids = lambda node: enc.ids[enc.offsets[node.seq] + node.start : enc.offsets[node.seq] + node.stop]
+    shared = [i for i in group if nodes[i].pair < 0]
+    leaves = [i for i in group if nodes[i].pair >= 0]
+    # Each shared node's pages, and each node's context: its ancestors' slots (its page table's, end to end).
+    pages: dict[int, list[int]] = {}
+    context: dict[int, np.ndarray] = {}
+    table: dict[int, list[int]] = {}  # the pages of a node's ancestors
+    cache.reserve(sum(pages_for(nodes[i].length, page_size) for i in shared))
+    for i in group:
+        parent = nodes[i].parent
+        context[i] = np.zeros(0, dtype=np.int64) if parent < 0 else np.concatenate(
+            [context[parent], cache.slots_of(pages[parent], nodes[parent].length)])
+        table[i] = [] if parent < 0 else table[parent] + pages[parent]
+        if nodes[i].pair < 0:
+            pages[i] = cache.allocator.allocate(pages_for(nodes[i].length, page_size))
+    for i in leaves:  # every pair's page table holds its ancestors' pages until it has run
+        if table[i]:
+            cache.allocator.share(table[i])
+    for level in sorted({nodes[i].level for i in shared}):
+        chunks = [Chunk(ids(nodes[i]), context[i], cache.slots_of(pages[i], nodes[i].length))
+                  for i in shared if nodes[i].level == level]
+        _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, None, 0)
+    chunks = [Chunk(ids(nodes[i]), context[i], None, nodes[i].pair) for i in leaves]
+    _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out, start)
+    for i in leaves:
+        if table[i]:
+            cache.allocator.release(table[i])
+    for i in shared:
+        cache.allocator.release(pages[i])
+    return len(leaves)
+
+
+def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out, start) -> None:
+    """Run ``chunks`` in batches under the token budget; logits of the chunks that end pairs go to ``out``."""
+    if not chunks:
+        return
+    lengths = np.array([len(c.tokens) for c in chunks], dtype=np.int64)
+    cached = cache if cache.slots else None
+    for batch_chunks in runner.plan(lengths, page_size, max_pages, batch_size):
+        shape = runner.batch_shape(lengths[batch_chunks], page_size, max_pages)
+        batch = pack_chunks([chunks[c] for c in batch_chunks], page_size, pad_token_id,
+                            cache_slots=cache.slots if cached is not None else 0,
+                            total_tokens=None if shape is None else shape[0])
+        logits = runner(batch, cached)
+        if out is not None:
+            rows = torch.from_numpy(batch.pairs + np.int64(start)).to(runner.device, non_blocking=True)
+            out[rows] = logits.float()
