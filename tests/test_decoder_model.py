@@ -243,3 +243,23 @@ def test_other_families_are_refused():
     config.model_type = "mistral"
     with pytest.raises(ValueError, match="model_type 'mistral' is not a decoder family"):
         build_model(config)
+
+
+def test_a_tied_checkpoint_that_stores_its_lm_head_scores_with_it_as_transformers_does(tmp_path):
+    """transformers reads a stored lm_head.weight that differs from the embedding (and does not tie them)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = _randomize(SPECS["qwen3-gqa-tied"]().eval(), seed=3)
+    hf.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["lm_head.weight"] = torch.randn(VOCAB, COMMON["hidden_size"], generator=torch.Generator().manual_seed(9))
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    seqs = _sequences(1)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert torch.equal(reloaded.lm_head.weight, tensors["lm_head.weight"])  # transformers kept the stored head
+    ref = _hf_scores(reloaded, seqs, causal=True)
+    model, choices = _load(tmp_path, torch.float32, "qwen3-gqa-tied")
+    torch.testing.assert_close(_run(model, choices, _whole(seqs)), ref, rtol=0, atol=1e-4)
+    assert (ref - _hf_scores(hf, seqs, causal=True)).abs().max() > 1e-2  # the stored head changed the scores

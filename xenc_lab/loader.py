@@ -160,7 +160,10 @@ def load_model(
     On the CPU the linears take their GEMM routes' weight layouts (``cpu.prepacked``; in float32 but those that see
     one row per pair) and 16-bit LayerNorms xenc_lab's row kernel."""
     model = build_model(config)
-    load_weights(model, read_checkpoint(path))
+    tensors = read_checkpoint(path)
+    with torch.device("meta"):
+        model.before_load(set(tensors))
+    load_weights(model, tensors)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     model.after_load()
     choices = engine_choices.resolve(device, dtype, model.head_shape(), compile, model.causal)

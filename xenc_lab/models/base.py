@@ -27,6 +27,10 @@ from ..choices import Choices
 class PackedModel(nn.Module):
     causal = False  # a decoder: causal attention over chunks and a paged KV cache (``chunks``), else an encoder
 
+    def before_load(self, names: set[str]) -> None:
+        """Adapt to the checkpoint's tensor ``names`` (on the meta device) before its weights load; nothing by
+        default."""
+
     def after_load(self) -> None:
         """Derive what the checkpoint does not store, on the weights' device; nothing by default."""
 

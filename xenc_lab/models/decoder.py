@@ -266,12 +266,18 @@ class DecoderForCausalLM(DecoderFamily):
         super().__init__()
         self.model = DecoderModel(config)
         self.tied = bool(config.tie_word_embeddings)
-        # transformers saves no lm_head.weight when tied: the head reads embed_tokens. (A tied checkpoint that does
-        # carry one has it reported unused by the loader; transformers uses it where it differs from the embedding.)
+        # transformers saves no lm_head.weight when tied: the head reads embed_tokens (see before_load).
         if not self.tied:
             self.lm_head = OutputEmbedding(config)
         self.score_tokens: tuple[int, int | None] | None = None
         self.score_rows: torch.Tensor | None = None
+
+    def before_load(self, names: set[str]) -> None:
+        """A tied checkpoint that stores lm_head.weight anyway is read as transformers reads it: the stored matrix is
+        the head's (transformers keeps it where it differs from the embedding)."""
+        if self.tied and "lm_head.weight" in names:
+            self.tied = False
+            self.lm_head = OutputEmbedding(self.model.config)
 
     def per_pair_linears(self) -> list[nn.Module]:
         return []  # the head is F.linear on two rows of the output embedding: torch's in every dtype
