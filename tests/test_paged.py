@@ -159,3 +159,49 @@ def test_whole_sequences_without_a_cache_equal_causal_attention():
     starts = np.cumsum([0] + [len(s) for s in seqs])
     for i, s in enumerate(seqs):
         torch.testing.assert_close(out[starts[i] : starts[i + 1]], _reference(s), rtol=0, atol=1e-6)
+
+
+def _flash_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):
+    """torch's varlen_attn as flash attention defines it, on the CPU: per sequence, causal (window (-1, 0)) with the
+    queries aligned to the last keys."""
+    assert window_size == (-1, 0)
+    out = torch.empty_like(q)
+    for b in range(len(cu_q) - 1):
+        qb, kb, vb = q[cu_q[b] : cu_q[b + 1]], k[cu_k[b] : cu_k[b + 1]], v[cu_k[b] : cu_k[b + 1]]
+        n, m = len(qb), len(kb)
+        assert n <= max_q and m <= max_k
+        mask = torch.arange(m)[None, :] <= (m - n + torch.arange(n))[:, None]
+        t = lambda x: x.transpose(0, 1)
+        out[cu_q[b] : cu_q[b + 1]] = t(F.scaled_dot_product_attention(t(qb), t(kb), t(vb), attn_mask=mask, scale=scale,
+                                                                       enable_gqa=enable_gqa))
+    return out
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_the_varlen_layout_gives_the_padded_layouts_attention(monkeypatch, last):
+    """The CUDA layout (flash varlen over each chunk's gathered keys), its kernel emulated: the same outputs."""
+    from xenc_lab.ops import paged_attention
+    from xenc_lab.ops.paged_attention import last_token_attention
+
+    monkeypatch.setattr(paged_attention, "varlen_attn", _flash_reference)
+    prefix = 10
+    seqs = [list(range(prefix)) + list(range(100, 100 + n)) for n in (5, 9, 1, 14)]
+    cache = KVCache(1, KVH, D, 4, torch.float32, torch.device("cpu"))
+    cache.reserve(4)
+    slots = cache.slots_of(cache.allocator.allocate(3), prefix)
+    _attend([Chunk(seqs[0][:prefix], [], slots)], cache, list(range(prefix)))
+    chunks = [Chunk(s[prefix:], slots, None, i) for i, s in enumerate(seqs)] + [Chunk([3, 1, 4], [], None, 4)]
+    positions = [p for s in seqs for p in range(prefix, len(s))] + [0, 1, 2]
+    tokens = np.concatenate([c.tokens for c in chunks])
+    outs = {}
+    for layout in ("padded", "varlen"):
+        batch = pack_chunks(chunks, 4, cache_slots=cache.slots, layout=layout)
+        q, k, v = _qkv(tokens, positions)
+        pad = lambda x: torch.cat([x, x.new_zeros(batch.input_ids.shape[0] - len(x), *x.shape[1:])])
+        attend = last_token_attention if last else chunk_attention
+        outs[layout] = attend(pad(q), pad(k), pad(v), batch, cache, 0, 0.3)
+    rows = len(chunks) if last else len(tokens)
+    torch.testing.assert_close(outs["varlen"][:rows], outs["padded"][:rows], rtol=0, atol=1e-6)
+    if not last:
+        torch.testing.assert_close(outs["varlen"][: len(seqs[0]) - prefix], _reference(seqs[0])[prefix:], rtol=0,
+                                   atol=1e-6)

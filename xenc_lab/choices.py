@@ -41,7 +41,10 @@ def resolve(
     runs without them."""
     cpu = device.type == "cpu"
     attention = "sdpa"
-    if head_shape is not None and cpu and native.available():
+    if causal:  # a decoder's chunk attention: flash varlen where it runs, else SDPA (chunks.ChunkBatch.layout)
+        if head_shape is not None and not cpu and varlen_runs(device, dtype, head_shape[1]):
+            attention = "varlen"
+    elif head_shape is not None and cpu and native.available():
         attention = cpu_attention_path(dtype, *head_shape)
         if attention == "tiles" and not kernels.tiles_available(dtype):
             attention = "kernel"

@@ -40,8 +40,9 @@ class Chunk:
 @dataclass(slots=True)
 class ChunkBatch:
     """C chunks laid end to end as one stream of T tokens (T a whole number of pages; tokens past ``num_tokens`` are
-    filler). Attention lays queries out as (C, Lq) and keys as (C, Lk); key slots index the cache's S slots followed
-    by the stream's T tokens."""
+    filler). Key slots index the cache's S slots followed by the stream's T tokens. In the "padded" layout attention
+    lays queries out as (C, Lq) and keys as (C, Lk), with a mask; in the "varlen" layout (flash attention over
+    cu_seqlens, CUDA) each chunk's keys lie end to end, ``cu_seqlens_k`` apart, and the padded fields are empty."""
 
     input_ids: torch.Tensor  # (T,) int64
     positions: torch.Tensor  # (T,) int64, absolute positions in each chunk's sequence
@@ -49,8 +50,12 @@ class ChunkBatch:
     max_seqlen: int  # Lq: the longest chunk, rounded up to a multiple of ATTENTION_ALIGN
     pad_index: torch.Tensor  # (C * Lq,) int64, the stream token at each (chunk, query slot); past a chunk: its first
     unpad_index: torch.Tensor  # (T,) int64, the (chunk, query slot) of each stream token; filler: 0
-    key_index: torch.Tensor  # (C * Lk,) int64, the key at each (chunk, key slot): cache slot s -> s, stream t -> S + t
+    key_index: torch.Tensor  # (C * Lk,) int64, the key at each (chunk, key slot): cache slot s -> s, stream t -> S + t;
+    # "varlen": (K,), each chunk's context and own keys end to end
     key_mask: torch.Tensor  # (C, 1, Lq, Lk) bool, True where a query slot may see a key slot (context, causal own)
+    cu_seqlens_k: torch.Tensor  # "varlen": (C + 1,) int32, chunk c's keys are key_index[cu_seqlens_k[c]:...[c + 1]]
+    max_seqlen_k: int  # "varlen": the most keys a chunk has
+    layout: str  # "padded" | "varlen"
     cache_slots: int  # S: the size of the cache this batch was packed for
     write_index: torch.Tensor  # (W,) int64, stream tokens whose keys and values the cache keeps ...
     write_slots: torch.Tensor  # (W,) int64, ... at these slots
@@ -77,10 +82,17 @@ def _aligned(n: int) -> int:
 
 
 def pack_chunks(
-    chunks: list[Chunk], page_size: int, pad_token_id: int = 0, cache_slots: int = 0, total_tokens: int | None = None
+    chunks: list[Chunk],
+    page_size: int,
+    pad_token_id: int = 0,
+    cache_slots: int = 0,
+    total_tokens: int | None = None,
+    layout: str = "padded",
 ) -> ChunkBatch:
     """Lay ``chunks`` end to end, the stream rounded up to whole pages of ``page_size`` tokens (or to
-    ``total_tokens``, a fixed shape); ``cache_slots`` is the size of the KV cache their context slots index."""
+    ``total_tokens``, a fixed shape); ``cache_slots`` is the size of the KV cache their context slots index.
+    ``layout``: how attention reads them, "padded" or "varlen" (see ChunkBatch)."""
+    assert layout in ("padded", "varlen"), layout
     lens = np.array([len(c.tokens) for c in chunks], dtype=np.int64)
     ctx = np.array([len(c.context) for c in chunks], dtype=np.int64)
     n_real = int(lens.sum())
@@ -101,26 +113,38 @@ def pack_chunks(
     else:
         within = np.zeros(0, dtype=np.int64)
 
-    # Queries (C, Lq): slots past a chunk's end repeat its first token.
-    lq = _aligned(int(lens.max()) if n_chunks else 1)
-    slot_q = np.arange(lq, dtype=np.int64)
-    pad_index = np.where(slot_q[None, :] < lens[:, None], starts[:-1, None] + slot_q[None, :], starts[:-1, None])
-    unpad_index = np.zeros(total, dtype=np.int64)
-    unpad_index[:n_real] = np.repeat(np.arange(n_chunks, dtype=np.int64), lens) * lq + within
-
-    # Keys (C, Lk): the context's cache slots, then the chunk's own tokens in the stream; padding repeats a valid key.
-    lk = _aligned(int((ctx + lens).max()) if n_chunks else 1)
-    key_index = np.empty((n_chunks, lk), dtype=np.int64)
-    for c, chunk in enumerate(chunks):
-        k = len(chunk.context)
-        key_index[c, :k] = chunk.context
-        key_index[c, k : k + lens[c]] = cache_slots + starts[c] + np.arange(lens[c])
-        key_index[c, k + lens[c] :] = cache_slots + starts[c]
-    # Query slot i of chunk c sees keys j <= ctx + i (its context and its own tokens up to itself); a padding query
-    # slot sees what the chunk's last token sees, so that no row is all masked.
-    slot_k = np.arange(lk, dtype=np.int64)
-    seen = ctx[:, None] + np.minimum(slot_q[None, :], lens[:, None] - 1)  # (C, Lq)
-    key_mask = slot_k[None, None, :] <= seen[:, :, None]
+    # Each chunk's keys: the context's cache slots, then its own tokens in the stream.
+    keys = [np.concatenate([chunk.context, cache_slots + starts[c] + np.arange(lens[c])])
+            for c, chunk in enumerate(chunks)]
+    key_lens = ctx + lens
+    if layout == "varlen":
+        lq = int(lens.max()) if n_chunks else 1
+        empty = np.zeros(0, dtype=np.int64)
+        pad_index, unpad_index, key_mask = empty, empty, np.zeros((0, 1, 1, 0), dtype=bool)
+        key_index = np.concatenate(keys) if n_chunks else empty
+        cu_k = np.zeros(n_chunks + 1, dtype=np.int64)
+        np.cumsum(key_lens, out=cu_k[1:])
+        max_k = int(key_lens.max()) if n_chunks else 0
+    else:
+        # Queries (C, Lq): slots past a chunk's end repeat its first token.
+        lq = _aligned(int(lens.max()) if n_chunks else 1)
+        slot_q = np.arange(lq, dtype=np.int64)
+        pad_index = np.where(slot_q[None, :] < lens[:, None], starts[:-1, None] + slot_q[None, :], starts[:-1, None])
+        unpad_index = np.zeros(total, dtype=np.int64)
+        unpad_index[:n_real] = np.repeat(np.arange(n_chunks, dtype=np.int64), lens) * lq + within
+        # Keys (C, Lk); padding repeats a chunk's first own key.
+        lk = _aligned(int(key_lens.max()) if n_chunks else 1)
+        key_index = np.empty((n_chunks, lk), dtype=np.int64)
+        for c in range(n_chunks):
+            key_index[c, : key_lens[c]] = keys[c]
+            key_index[c, key_lens[c] :] = cache_slots + starts[c]
+        key_index = key_index.reshape(-1)
+        # Query slot i of chunk c sees keys j <= ctx + i (its context and its own tokens up to itself); a padding
+        # query slot sees what the chunk's last token sees, so that no row is all masked.
+        slot_k = np.arange(lk, dtype=np.int64)
+        seen = ctx[:, None] + np.minimum(slot_q[None, :], lens[:, None] - 1)  # (C, Lq)
+        key_mask = (slot_k[None, None, :] <= seen[:, :, None])[:, None]
+        cu_k, max_k = np.zeros(0, dtype=np.int64), 0
 
     stored = [c for c in range(n_chunks) if chunks[c].slots is not None]
     write_index = np.concatenate([starts[c] + np.arange(lens[c]) for c in stored]) if stored else np.zeros(0, np.int64)
@@ -138,8 +162,11 @@ def pack_chunks(
         max_seqlen=int(lq),
         pad_index=torch.from_numpy(pad_index.reshape(-1)),
         unpad_index=torch.from_numpy(unpad_index),
-        key_index=torch.from_numpy(key_index.reshape(-1)),
-        key_mask=torch.from_numpy(key_mask[:, None].copy()),
+        key_index=torch.from_numpy(key_index),
+        key_mask=torch.from_numpy(np.ascontiguousarray(key_mask)),
+        cu_seqlens_k=torch.from_numpy(cu_k.astype(np.int32)),
+        max_seqlen_k=max_k,
+        layout=layout,
         cache_slots=int(cache_slots),
         write_index=torch.from_numpy(write_index),
         write_slots=torch.from_numpy(write_slots),

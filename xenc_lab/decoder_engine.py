@@ -162,7 +162,8 @@ def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch
         shape = runner.batch_shape(lengths[batch_chunks], page_size, max_pages)
         batch = pack_chunks([chunks[c] for c in batch_chunks], page_size, pad_token_id,
                             cache_slots=cache.slots if cached is not None else 0,
-                            total_tokens=None if shape is None else shape[0])
+                            total_tokens=None if shape is None else shape[0],
+                            layout="varlen" if runner.choices.attention == "varlen" else "padded")
         logits = runner(batch, cached)
         if out is not None:
             rows = torch.from_numpy(batch.pairs + np.int64(start)).to(runner.device, non_blocking=True)

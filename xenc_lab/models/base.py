@@ -13,7 +13,8 @@ the meta device, then loaded with its safetensors weights (``loader``). After th
 5. ``forward(batch, choices)`` maps a ``PackedBatch`` to (B, num_labels) logits, B >= the batch's pairs.
 
 A decoder (``causal = True``) instead maps a ``chunks.ChunkBatch`` and the KV cache, ``forward(batch, choices,
-cache)``, to the logits of the chunks that end pairs (``decoder_engine``).
+cache)``, to the logits of the chunks that end pairs (``decoder_engine``); its ``head_shape`` decides only whether
+flash varlen attention runs its chunks on CUDA.
 """
 from __future__ import annotations
 

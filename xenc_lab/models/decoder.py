@@ -145,7 +145,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *rope), rotate(k, *rope)
         if last:
-            return self.o_proj(last_token_attention(q[batch.last_index], k, v, batch, cache, self.layer, D**-0.5))
+            return self.o_proj(last_token_attention(q, k, v, batch, cache, self.layer, D**-0.5))
         return self.o_proj(chunk_attention(q, k, v, batch, cache, self.layer, D**-0.5))
 
 
@@ -250,11 +250,14 @@ class DecoderFamily(PackedModel):
     def after_load(self) -> None:
         self.model.after_load()
 
-    def head_shape(self) -> None:
-        return None  # chunk_attention is the family's own
+    def head_shape(self) -> tuple[int, int]:
+        """(heads, head dim): where flash varlen attention runs (CUDA, half precision), chunk_attention takes it."""
+        attn = self.model.layers[0].self_attn
+        return attn.num_heads, attn.head_dim
 
     def pads_pairs(self, choices) -> bool:
-        return True  # chunk_attention lays chunks out as (chunks, longest chunk): the planner bounds the padding
+        # chunk_attention's SDPA lays chunks out as (chunks, longest chunk): the planner bounds the padding
+        return choices.attention != "varlen"
 
 
 class DecoderForCausalLM(DecoderFamily):

@@ -1,12 +1,19 @@
 """Causal attention of packed chunks over a paged KV cache: each chunk's queries see its context's cached keys and
-values and its own up to themselves. A composition of torch ops (gathers, then SDPA on the (chunks, slots) layout),
-correct on every device; grouped-query heads are SDPA's own (``enable_gqa``)."""
+values and its own up to themselves. Each chunk's keys and values are gathered from the cache and the stream; then
+the batch's layout (``chunks.ChunkBatch.layout``) decides: "padded", SDPA on the (chunks, slots) layout with a mask
+(every device and dtype); "varlen", torch's flash attention over cu_seqlens (CUDA, half precision), whose causal mask
+aligns a chunk's queries with the last of its keys. Grouped-query heads are either's own (``enable_gqa``)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from ..chunks import ChunkBatch
+
+try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover
+    varlen_attn = None
 
 
 def _keys_values(k, v, batch: ChunkBatch, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,8 +40,12 @@ def chunk_attention(
     rotary; ``cache`` a ``kv_cache.KVCache`` (or None: no chunk has context and none is stored). The keys and values
     of ``batch.write_index`` are stored in the cache's ``layer`` first."""
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    chunks, _, lq, lk = batch.key_mask.shape
     keys, values = _keys_values(k, v, batch, cache, layer)
+    if batch.layout == "varlen":
+        n = batch.num_tokens  # flash attention writes the chunks' rows; the filler tail stays zero
+        out = _causal_varlen(q[:n], keys, values, batch.cu_seqlens, batch, batch.max_seqlen, scale)
+        return F.pad(out.reshape(n, heads * dim), (0, 0, 0, q.shape[0] - n))
+    chunks, _, lq, lk = batch.key_mask.shape
     qp = q.index_select(0, batch.pad_index).view(chunks, lq, heads, dim).transpose(1, 2)
     kp = keys.view(chunks, lk, kv_heads, dim).transpose(1, 2)
     vp = values.view(chunks, lk, kv_heads, dim).transpose(1, 2)
@@ -47,14 +58,29 @@ def last_token_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ChunkBatch, cache, layer: int, scale: float
 ) -> torch.Tensor:
     """(R, H * D) attention output of the rows ``batch.last_index`` only (the last layer: nothing past it reads the
-    other tokens' outputs); ``q`` (R, H, D) is theirs, ``k`` and ``v`` (T, KVH, D) the whole stream's, stored in the
-    cache as ``chunk_attention`` stores them."""
+    other tokens' outputs); ``q``, ``k`` and ``v`` are the whole stream's, the keys and values stored in the cache as
+    ``chunk_attention`` stores them."""
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    chunks, _, lq, lk = batch.key_mask.shape
     keys, values = _keys_values(k, v, batch, cache, layer)
+    if batch.layout == "varlen":
+        # One query per chunk, its last token, over all of the chunk's keys.
+        chunks = batch.cu_seqlens.shape[0] - 1
+        ends = batch.cu_seqlens[1:].long() - 1
+        one_each = torch.arange(chunks + 1, dtype=torch.int32, device=q.device)
+        out = _causal_varlen(q.index_select(0, ends), keys, values, one_each, batch, 1, scale)
+        return out.reshape(chunks, heads * dim).index_select(0, batch.last_chunk)
+    q = q.index_select(0, batch.last_index)
+    chunks, _, lq, lk = batch.key_mask.shape
     kp = keys.view(chunks, lk, kv_heads, dim).index_select(0, batch.last_chunk).transpose(1, 2)
     vp = values.view(chunks, lk, kv_heads, dim).index_select(0, batch.last_chunk).transpose(1, 2)
     mask = batch.key_mask.view(chunks, lq, lk)[batch.last_chunk, batch.last_slot][:, None, None, :]
     out = F.scaled_dot_product_attention(q[:, :, None], kp, vp, attn_mask=mask, scale=scale,
                                          enable_gqa=heads != kv_heads)
     return out.reshape(q.shape[0], heads * dim)
+
+
+def _causal_varlen(q, keys, values, cu_q, batch: ChunkBatch, max_q: int, scale: float) -> torch.Tensor:
+    """Flash attention of the chunks' queries (``cu_q``) over their keys (``batch.cu_seqlens_k``), causal with the
+    queries aligned to the last keys (query i of a chunk of n sees its first ``len(keys) - n + i + 1`` keys)."""
+    return varlen_attn(q, keys, values, cu_q, batch.cu_seqlens_k, max_q, batch.max_seqlen_k, scale=scale,
+                        window_size=(-1, 0), enable_gqa=q.shape[1] != keys.shape[1])
