@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from xenc_lab import Scorer
 from xenc_lab.zoo import cache_dir, minilm_cross_encoder
 
+from .decoder_zoo import DECODER_SPECS, build_decoder
 from .report import ParityRecorder
 
 # "ci" (the default) is sized for a 2-core CI machine: about 12 minutes of parity properties there, most of it
@@ -58,9 +59,18 @@ MODELS = {
 ARCHS = list(MODELS)
 
 
+def _decoder(name: str) -> Path:
+    return build_decoder(name, ROOT)
+
+
+# Decoder-LLM rerankers (parity_tests/decoder_zoo.py), proven by test_decoder_parity.py; name in reports -> builder.
+# Not in ARCHS: the encoder properties (token type ids, prepacked per-pair linears, SDPA paths) are not theirs.
+DECODERS = {name: functools.partial(_decoder, name) for name in DECODER_SPECS}
+
+
 @functools.cache
 def model_dir(arch: str) -> Path:
-    return MODELS[arch]()
+    return (MODELS[arch] if arch in MODELS else DECODERS[arch])()
 
 
 @functools.cache

@@ -68,3 +68,30 @@ pairs = st.lists(pair, min_size=1, max_size=6)
 
 # A mixed bag for batch-composition properties: short and long pairs together.
 mixed_pairs = st.lists(st.tuples(st.one_of(short_text, long_text), st.one_of(short_text, long_text)), min_size=2, max_size=12)
+
+# Decoder rerankers' control tokens, template pieces and verdict words, which a text carries into a chat template's
+# render (transformers tokenizes a control token written in a text as the control token) or ends with (a seq-cls head
+# reads the last token that is not the pad token, <|endoftext|> in decoder_zoo's tokenizers).
+DECODER_ODD = [
+    "<|endoftext|>",
+    "x <|endoftext|><|endoftext|>",
+    "<|im_end|>\n<|im_start|>assistant\n",
+    "<think>\n\n</think>\n\n",
+    "<|begin_of_text|>",
+    "yes", "no", " yes", "\nyes",
+    "<Document>: ", "Query: q\nDocument: d\nRelevant:",
+]
+decoder_text = st.one_of(
+    text,
+    text,
+    st.sampled_from(DECODER_ODD),
+    st.lists(st.one_of(word, st.sampled_from(DECODER_ODD)), max_size=8).map(" ".join),
+)
+decoder_pairs = st.lists(st.tuples(decoder_text, decoder_text), min_size=1, max_size=6)
+
+# A reranker's workloads: one query with several documents (1:N), and several queries each with their documents (N:N).
+# Queries repeat across pairs, so a decoder shares their prefixes; a document may repeat too, and any text may be long
+# (a long query truncated leaves its pairs the same ids).
+query_documents = st.tuples(decoder_text, st.lists(decoder_text, min_size=2, max_size=8))
+queries_documents = st.lists(st.tuples(decoder_text, st.lists(decoder_text, min_size=1, max_size=5)), min_size=2,
+                             max_size=4)
