@@ -23,10 +23,16 @@ SHOWS = {
         ("bench.plot(rows)", FIGURE),  # the report's figure
         ("ax.hist(", FIGURE),  # bf16 errors, both engines
     ],
+    "03_decoder_rerankers.ipynb": [
+        ('table["|delta|"] = ', TABLE),  # a decoder's scores beside sentence-transformers'
+        ("pd.DataFrame(ranking)", TABLE),  # rank() on a 1:N example
+        ("counts = pd.DataFrame(counts)", TABLE),  # the tokens sharing saves
+        ("decoder.plot(rows)", FIGURE),  # pairs/s sharing on vs off vs sentence-transformers
+    ],
 }
 # Code cells after the last figure or table: 01 ends in its throughput table; in 02 the compile and GPU sections,
 # which print text, follow the bf16 histogram.
-TRAILING_TEXT_CELLS = {"01_quickstart.ipynb": 0, "02_speed_and_precision.ipynb": 2}
+TRAILING_TEXT_CELLS = {"01_quickstart.ipynb": 0, "02_speed_and_precision.ipynb": 2, "03_decoder_rerankers.ipynb": 0}
 
 
 def test_the_glob_finds_exactly_the_notebooks_that_are_checked():

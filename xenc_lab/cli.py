@@ -91,6 +91,8 @@ def bench(args: argparse.Namespace) -> int:
     from . import bench as B
     from .bench.workloads import load_pairs
 
+    if args.decoder is not None:
+        return decoder_bench(args)
     workloads = list(args.workloads or ([] if args.pairs_file else ["short", "mixed", "long"]))
     for file in args.pairs_file or []:
         pairs = load_pairs(file)
@@ -126,6 +128,38 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def decoder_bench(args: argparse.Namespace) -> int:
+    """``bench --decoder``: 1 query x N documents through Qwen3-Reranker's template, xenc_lab with prefix sharing on
+    and off beside sentence-transformers; ``--report DIR`` writes (or replaces) DIR/throughput.md's decoder section."""
+    import os
+    from pathlib import Path
+
+    from .bench import decoder
+    from .bench.report import machine
+
+    others = {"--model": args.model, "--workloads": args.workloads, "--pairs-file": args.pairs_file,
+              "--compile": args.compile, "--memory": args.memory, "--device cuda": args.device != "cpu"}
+    if given := [name for name, value in others.items() if value]:
+        raise ValueError(f"--decoder takes its models as its own arguments and runs on the CPU: drop {', '.join(given)}")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    rows = decoder.run(args.decoder or decoder.DEFAULT_MODELS, dtypes=args.dtypes or ["float32", "bfloat16"],
+                       n_docs=args.pairs, repeats=args.repeats, max_batch_tokens=args.max_batch_tokens)
+    for goal, value, met in decoder.goals(rows):
+        print(f"{'met' if met else 'MISSED'}: {goal}: {value}")
+    if args.report:
+        command = "xenc-lab " + shlex.join(args.argv)
+        notes = (f"Load average (1 min) when the run began and ended: {load:.1f} and {os.getloadavg()[0]:.1f}, on "
+                 f"{os.cpu_count()} CPUs: other work on the machine slows the engines' many parallel regions unevenly.")
+        path = decoder.append_section(Path(args.report) / "throughput.md",
+                                      decoder.report_section(rows, command, machine(), notes))
+        print(f"wrote the decoder section of {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xenc-lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch threads for both engines (default: torch's, e.g. from OMP_NUM_THREADS)")
     b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
+    b.add_argument("--decoder", nargs="*", default=None, metavar="MODEL",
+                   help="time decoder rerankers instead: 1 query x N documents through Qwen3-Reranker's template, "
+                        "xenc_lab with prefix sharing on and off beside sentence-transformers. MODELs: built-in "
+                        "random-weight Qwen3s (qwen3-0.6b: Qwen3-Reranker-0.6B's shape, 16 documents; qwen3-small: "
+                        "384 wide, 6 layers, 100 documents; qwen3-tiny) or decoder checkpoint directories (100 "
+                        "documents); none: qwen3-0.6b and qwen3-small. --pairs sets the documents; --report DIR "
+                        "writes DIR/throughput.md's '## Decoder rerankers' section, keeping the rest")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
     b.set_defaults(func=bench)
     argv = sys.argv[1:] if argv is None else argv

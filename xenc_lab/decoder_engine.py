@@ -152,6 +152,17 @@ def _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_page
     return len(leaves)
 
 
+def _bucketed_tokens(tokens: int, runner: ModelRunner, page_size: int, max_pages: int) -> int | None:
+    """The stream length of a batch of ``tokens`` real tokens: on the CPU (bucketed shapes, which bound the GEMM
+    shapes oneDNN keeps) up to a multiple of a 64th of the budget, at most 64 lengths; else whole pages. A decoder's
+    batches are often small (a shared prefix, a rerank's last documents): the encoders' eighths would pad them to
+    several times their size."""
+    if runner.batch_shapes != "bucketed":
+        return None
+    step = max(1, max_pages // 64) * page_size
+    return min(-(-tokens // step) * step, max_pages * page_size)
+
+
 def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out, start) -> None:
     """Run ``chunks`` in batches under the token budget; logits of the chunks that end pairs go to ``out``."""
     if not chunks:
@@ -159,10 +170,10 @@ def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch
     lengths = np.array([len(c.tokens) for c in chunks], dtype=np.int64)
     cached = cache if cache.slots else None
     for batch_chunks in runner.plan(lengths, page_size, max_pages, batch_size):
-        shape = runner.batch_shape(lengths[batch_chunks], page_size, max_pages)
         batch = pack_chunks([chunks[c] for c in batch_chunks], page_size, pad_token_id,
                             cache_slots=cache.slots if cached is not None else 0,
-                            total_tokens=None if shape is None else shape[0],
+                            total_tokens=_bucketed_tokens(int(lengths[batch_chunks].sum()), runner, page_size,
+                                                          max_pages),
                             layout="varlen" if runner.choices.attention == "varlen" else "padded")
         logits = runner(batch, cached)
         if out is not None:

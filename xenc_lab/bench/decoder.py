@@ -1,0 +1,383 @@
+"""Decoder rerankers beside sentence-transformers: one query and N documents (a 1:N rerank) through Qwen3-Reranker's
+chat template, scored by logit("yes") - logit("no") at the last token.
+
+Three engines on the same pairs, in one process, alternating runs, tokenization included: xenc_lab with prefix sharing
+on (the system prompt, instruction and query computed once into the paged KV cache), xenc_lab with it off, and
+sentence-transformers' ``CrossEncoder``. The models are random-weight ``Qwen3ForCausalLM`` checkpoints built here,
+offline and deterministically, and cached (``decoder_reranker``): the numbers are about speed and agreement, not
+relevance. Their tokenizer is a byte-level BPE behind Qwen2's split regex, trained on the workload's own vocabulary,
+so that its words are mostly single tokens as in a real vocabulary.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import whole_number
+from .timing import _check_run, cpu_has_fast_bf16
+from .workloads import make_pairs
+
+INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+_JUDGE = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
+          'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n')
+_TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+_ROLE = 'messages | selectattr("role", "eq", "{}") | map(attribute="content") | first'
+# Qwen3-Reranker's prompt as a chat template: a prompt (system message) replaces the instruction.
+TEMPLATE = (
+    f'{{%- set instruction = {_ROLE.format("system")} | default("{INSTRUCTION}") -%}}\n'
+    f"{_JUDGE}<|im_start|>user\n<Instruct>: {{{{ instruction }}}}\n<Query>: {{{{ {_ROLE.format('query')} }}}}\n"
+    f"<Document>: {{{{ {_ROLE.format('document')} }}}}{_TAIL}\n"  # Jinja drops a template's last newline
+)
+# transformers' Qwen2Tokenizer pre-tokenizer regex (models/qwen2/tokenization_qwen2.py).
+_QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_QWEN3 = {"tie_word_embeddings": True, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
+          "rms_norm_eps": 1e-6}
+# name -> (documents timed by default, config). qwen3-0.6b has Qwen3-Reranker-0.6B's shape but for its vocabulary.
+MODELS = {
+    "qwen3-0.6b": (16, dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                            head_dim=128, intermediate_size=3072, **_QWEN3)),
+    "qwen3-small": (100, dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
+                              head_dim=64, intermediate_size=1152, **_QWEN3)),
+    "qwen3-tiny": (8, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, intermediate_size=128, **_QWEN3)),
+}
+DEFAULT_MODELS = ("qwen3-0.6b", "qwen3-small")
+VOCAB_SIZE = 8192  # the BPE's cap: training stops earlier, once every word of the workload is one token
+ENGINES = ("sentence-transformers", "xenc_lab sharing on", "xenc_lab sharing off")
+# The issue's goals: sharing's share of its ideal gain, fp32 pairs/s over sentence-transformers', fp32 max |delta|,
+# bf16 error over sentence-transformers' own bf16 error.
+GOALS = {"gain_share": 0.85, "fp32_ratio": 2.0, "fp32_delta": 1e-4, "bf16_error_ratio": 1.5}
+
+
+def rerank_pairs(n_docs: int, seed: int = 0) -> list[tuple[str, str]]:
+    """One query (5-15 words) and ``n_docs`` MS MARCO-like passages (50-100 words): ``make_pairs("short")``'s texts."""
+    pairs = make_pairs("short", whole_number("n_docs", n_docs), seed=seed)
+    return [(pairs[0][0], doc) for _, doc in pairs]
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """A Qwen2Tokenizer (eos <|im_end|>, pad <|endoftext|>, <think> tags added) whose byte-level BPE is trained on the
+    workload's passages and the template's text, with Qwen3-Reranker's template as its chat template."""
+    import transformers
+    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    head = f"{_JUDGE}<|im_start|>user\n<Instruct>: {INSTRUCTION}\n<Query>: "
+    texts = [f"{head}{q}\n<Document>: {d}{_TAIL}" for q, d in make_pairs("short", 2000, seed=12345)]
+    tok.train_from_iterator(texts + ["yes\nno"] * 50, trainer)
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tokenizer = transformers.Qwen2Tokenizer(
+        vocab=model["vocab"], merges=merges, unk_token=None, bos_token=None, eos_token="<|im_end|>",
+        pad_token="<|endoftext|>", model_max_length=8192, extra_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
+    tokenizer.chat_template = TEMPLATE
+    assert all(w in model["vocab"] for w in ("yes", "no")), "the trained vocabulary lacks 'yes' or 'no'"
+    return tokenizer
+
+
+def decoder_reranker(name: str = "qwen3-small", root: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """Build (once) and return the directory of the random-weight Qwen3 reranker ``name`` (one of ``MODELS``) under
+    ``root`` (default: xenc_lab's cache), a checkpoint that ``CrossEncoder`` and ``Scorer`` load offline."""
+    from transformers import Qwen3Config
+
+    from ..zoo import cache_dir, save_seeded
+
+    if name not in MODELS:
+        raise ValueError(f"name must be one of {sorted(MODELS)}, got {name!r}")
+    config = MODELS[name][1]
+    key = hashlib.sha1(json.dumps([config, VOCAB_SIZE, TEMPLATE], sort_keys=True).encode()).hexdigest()[:10]
+    root = Path(root) if root is not None else cache_dir()
+    final = root / f"bench-{name}-s{seed}-{key}"
+    if (final / "model.safetensors").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        tokenizer = build_tokenizer()
+        cfg = Qwen3Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **config)
+        cfg.architectures = ["Qwen3ForCausalLM"]
+        save_seeded(cfg, tokenizer, tmp, seed)
+        tmp.chmod(0o755)
+        os.rename(tmp, final)  # atomic: a half-written build is never seen under ``final``
+    except OSError:
+        if not (final / "model.safetensors").is_file():  # a concurrent builder may have won the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+@dataclass
+class DecoderRow:
+    model: str
+    dtype: str
+    engine: str  # one of ENGINES
+    pairs: int
+    tokens_total: int  # tokens of the pairs (the template's included)
+    tokens_computed: int  # tokens the model ran: xenc_lab's token_counts.computed (0: not counted, sentence-transformers)
+    pairs_per_s: float
+    ratio: float  # pairs/s over sentence-transformers' at the same dtype
+    max_abs_delta: float  # raw scores against sentence-transformers fp32 on the same pairs
+    mean_abs_delta: float
+    seconds: float  # the median of the timed runs
+    ideal_gain: float = 0.0  # sharing on: tokens_total / tokens_computed
+    measured_gain: float = 0.0  # sharing on: pairs/s over xenc_lab's with sharing off
+    gain_share: float = 0.0  # measured_gain / ideal_gain
+    error_ratio: float = 0.0  # xenc_lab at a dtype other than float32: mean |delta| over sentence-transformers' own
+    max_error_ratio: float = 0.0  # ... and by the max
+    oracle_drift: float = 0.0  # max |change| of sentence-transformers' fp32 scores between its timed runs
+
+
+def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, budget: dict):
+    """Each engine's timed runs (seconds), last scores and (xenc_lab) last token counts: every engine first runs the
+    pairs once untimed, so that each batch shape the timed runs meet has been met; then ``repeats`` rounds, each
+    starting with the next engine. The models are freed on return."""
+    from sentence_transformers import CrossEncoder
+
+    from ..scorer import Scorer
+
+    identity = torch.nn.Identity()
+    theirs = CrossEncoder(str(path), device="cpu", model_kwargs={"dtype": getattr(torch, dtype)})
+    ours = Scorer(path, device="cpu", dtype=dtype, **budget)
+    if not ours.decoder:
+        raise ValueError(f"{path}: {ours.architecture} is not a decoder reranker")
+
+    def run_engine(engine: str):
+        if engine == ENGINES[0]:
+            return theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size), None
+        ours.share_prefix = engine == ENGINES[1]  # one model in memory for both: the flag is read per call
+        return ours.predict(pairs, activation_fn=identity), ours.token_counts
+
+    for engine in ENGINES:
+        run_engine(engine)
+    times, outs = {e: [] for e in ENGINES}, {e: [] for e in ENGINES}
+    for r in range(repeats):
+        for engine in ENGINES[r % 3:] + ENGINES[: r % 3]:
+            start = time.perf_counter()
+            outs[engine].append(run_engine(engine))
+            times[engine].append(time.perf_counter() - start)
+    return times, outs
+
+
+def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, exact) -> list[DecoderRow]:
+    """The three engines' rows from their timed runs, deltas against ``exact`` (None: sentence-transformers' own runs
+    here are the fp32 reference, the drift between its first and last run reported)."""
+    scores = {e: np.asarray(outs[e][-1][0]) for e in ENGINES}
+    drift = 0.0
+    if exact is None:
+        exact = scores[ENGINES[0]]
+        drift = float(np.abs(np.asarray(outs[ENGINES[0]][0][0]) - exact).max())
+    counts = {e: outs[e][-1][1] for e in ENGINES[1:]}
+    total = counts[ENGINES[1]].total
+    computed = {ENGINES[0]: 0, **{e: c.computed for e, c in counts.items()}}
+    seconds = {e: statistics.median(times[e]) for e in ENGINES}
+    rates = {e: n / seconds[e] for e in ENGINES}
+    rows = []
+    for e in ENGINES:
+        delta = np.abs(scores[e] - exact)
+        rows.append(DecoderRow(
+            model=name, dtype=dtype, engine=e, pairs=n, tokens_total=total, tokens_computed=computed[e],
+            pairs_per_s=rates[e], ratio=rates[e] / rates[ENGINES[0]], max_abs_delta=float(delta.max()),
+            mean_abs_delta=float(delta.mean()), seconds=seconds[e], oracle_drift=drift))
+    st, shared = rows[0], rows[1]
+    shared.ideal_gain = total / shared.tokens_computed
+    shared.measured_gain = rates[ENGINES[1]] / rates[ENGINES[2]]
+    shared.gain_share = shared.measured_gain / shared.ideal_gain
+    if dtype != "float32" and st.mean_abs_delta:
+        for row in rows[1:]:
+            row.error_ratio = row.mean_abs_delta / st.mean_abs_delta
+            row.max_error_ratio = row.max_abs_delta / st.max_abs_delta
+    return rows
+
+
+def run(
+    models=DEFAULT_MODELS,
+    dtypes=("float32", "bfloat16"),
+    n_docs: int | None = None,
+    repeats: int = 3,
+    st_batch_size: int = 32,
+    seed: int = 0,
+    max_batch_tokens: int | None = None,
+    root: str | os.PathLike | None = None,
+    log=print,
+) -> list[DecoderRow]:
+    """Rows for each (model, dtype) and engine. ``models``: names in ``MODELS`` or checkpoint directories of decoder
+    rerankers; ``n_docs``: documents per query (default: the model's, 16 for qwen3-0.6b, 100 for qwen3-small; 100 for
+    a directory). bfloat16 runs only where the CPU has bf16 units. Deltas are taken against sentence-transformers'
+    fp32 scores on the same pairs (its last timed fp32 run, or one call where float32 is not asked for)."""
+    from sentence_transformers import CrossEncoder
+
+    _, dtypes = _check_run("cpu", dtypes, repeats, 1 if n_docs is None else n_docs)
+    models = [models] if isinstance(models, (str, os.PathLike)) else list(models)
+    if not models:
+        raise ValueError("models must name at least one model")
+    for m in models:
+        if str(m) not in MODELS and not Path(m).is_dir():
+            raise ValueError(f"each model must be one of {sorted(MODELS)} or a checkpoint directory, got {str(m)!r}")
+    budget = {} if max_batch_tokens is None else {"max_batch_tokens": whole_number("max_batch_tokens", max_batch_tokens)}
+    rows: list[DecoderRow] = []
+    for model in models:
+        name = str(model)
+        path = decoder_reranker(name, root, seed) if name in MODELS else Path(model)
+        pairs = rerank_pairs(n_docs or (MODELS[name][0] if name in MODELS else 100), seed)
+        exact = None  # sentence-transformers' fp32 scores
+        for dtype in dtypes:
+            if dtype == "bfloat16" and not cpu_has_fast_bf16():
+                log("skipping bfloat16: this CPU has neither AMX nor AVX512-BF16")
+                continue
+            if exact is None and dtype != "float32":
+                exact = CrossEncoder(str(path), device="cpu").predict(pairs, activation_fn=torch.nn.Identity(),
+                                                                      batch_size=st_batch_size)
+            times, outs = _time_engines(path, pairs, dtype, repeats, st_batch_size, budget)
+            measured = _rows(name, dtype, len(pairs), times, outs, exact)
+            if dtype == "float32":
+                exact = np.asarray(outs[ENGINES[0]][-1][0])
+            for row in measured:
+                log(f"{name} {dtype:>8} {row.engine:>21}: {row.pairs_per_s:7.2f} pairs/s  x{row.ratio:.2f}  "
+                    f"tokens {row.tokens_computed or '-'}/{row.tokens_total}  max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
+                    + (f"  gain {row.measured_gain:.2f}x of {row.ideal_gain:.2f}x ideal ({100 * row.gain_share:.0f}%)"
+                       if row.ideal_gain else "")
+                    + (f"  error {row.error_ratio:.2f}x ST's own (max {row.max_error_ratio:.2f}x)" if row.error_ratio else ""))
+            rows += measured
+    return rows
+
+
+def goals(rows: list[DecoderRow]) -> list[tuple[str, str, bool]]:
+    """(goal, measured, met) per model and dtype: sharing's share of its ideal gain; in float32 xenc_lab's pairs/s
+    over sentence-transformers' and its max |delta| (sharing on); at a 16-bit dtype its error over sentence-transformers'
+    own (mean, sharing on)."""
+    out = []
+    for r in rows:
+        if r.engine != ENGINES[1]:
+            continue
+        where = f"{r.model} {r.dtype}"
+        out.append((f"{where}: sharing gets >= {GOALS['gain_share']:.0%} of the ideal gain",
+                    f"{r.measured_gain:.2f}x of {r.ideal_gain:.2f}x = {r.gain_share:.0%}",
+                    r.gain_share >= GOALS["gain_share"]))
+        if r.dtype == "float32":
+            goal = (f"{where}: >= {GOALS['fp32_ratio']:.0f}x sentence-transformers' pairs/s, max |delta| <= "
+                    f"{GOALS['fp32_delta']:.0e}")
+            out.append((goal, f"{r.ratio:.2f}x, {r.max_abs_delta:.1e}",
+                        r.ratio >= GOALS["fp32_ratio"] and r.max_abs_delta <= GOALS["fp32_delta"]))
+        elif r.error_ratio:
+            out.append((f"{where}: error <= {GOALS['bf16_error_ratio']}x sentence-transformers' own",
+                        f"{r.error_ratio:.2f}x (max {r.max_error_ratio:.2f}x)",
+                        r.error_ratio <= GOALS["bf16_error_ratio"]))
+    return out
+
+
+def report_section(rows: list[DecoderRow], command: str, machine: str, notes: str = "") -> str:
+    """The ``## Decoder rerankers`` section of reports/throughput.md: the rows, and the goals beside what was measured;
+    ``notes`` go after the goals."""
+    if not rows:
+        raise ValueError("no decoder benchmark rows to report")
+    bf16 = any(r.dtype != "float32" for r in rows)
+    lines = [
+        "## Decoder rerankers", "",
+        f"Machine: {machine}. {datetime.date.today().isoformat()}. Regenerate with `{command}`.", "",
+        "One query and N MS MARCO-like passages (`make_pairs(\"short\")` texts) through Qwen3-Reranker's template "
+        "(system judging prompt, `<Instruct>`/`<Query>`/`<Document>`, the assistant's empty `<think>` block), scored "
+        "by logit(\"yes\") - logit(\"no\") at the last token. Random-weight `Qwen3ForCausalLM` checkpoints built "
+        "offline (`xenc_lab.bench.decoder.decoder_reranker`): " + "; ".join(
+            f"{m} hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
+            f"{c['num_key_value_heads']} heads of {c['head_dim']}, MLP {c['intermediate_size']}"
+            for m, (_, c) in MODELS.items() if m in {r.model for r in rows}) + "; tied embeddings, and a byte-level "
+        "BPE trained on the workload's vocabulary (words are single tokens; the vocabulary is small, which costs "
+        "nothing here: both engines compute the last token's logits only). "
+        "Engines in one process, alternating runs, medians: xenc_lab with prefix sharing on and off (the same loaded "
+        "model) and sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. `tokens computed`: "
+        "what xenc_lab's model ran (`Scorer.token_counts`). `ideal gain` = tokens total / tokens "
+        "computed with sharing; `gain` = pairs/s sharing on over off; `ratio` = pairs/s over sentence-transformers'. "
+        "`max abs delta`: raw scores against sentence-transformers fp32."
+        + (" `error vs ST's own`: mean abs delta (and max) over sentence-transformers' own at that dtype." if bf16 else ""),
+        "",
+        "| model | dtype | engine | pairs | tokens total | tokens computed | ideal gain | gain (share) | pairs/s | "
+        "ratio | max abs delta |" + (" error vs ST's own |" if bf16 else ""),
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if bf16 else ""),
+    ]
+    for r in rows:
+        gain = (f"{r.ideal_gain:.2f}x | {r.measured_gain:.2f}x ({r.gain_share:.0%})" if r.ideal_gain else " | ")
+        error = (f" {r.error_ratio:.2f} (max {r.max_error_ratio:.2f}) |" if r.error_ratio else " |") if bf16 else ""
+        lines.append(f"| {r.model} | {r.dtype} | {r.engine} | {r.pairs} | {r.tokens_total} | {r.tokens_computed or '–'} | "
+                     f"{gain} | {r.pairs_per_s:.2f} | {r.ratio:.2f}x | {r.max_abs_delta:.1e} |{error}")
+    drift = {(r.model, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
+    if drift:
+        lines += ["", "sentence-transformers' fp32 scores moved between its timed runs by up to "
+                  + ", ".join(f"{d:.1e} ({m})" for (m, _), d in drift.items()) + "."]
+    lines += ["", "Goals (the issue's) against what was measured:", ""]
+    lines += [f"- {goal}: {value} — {'met' if met else '**missed**'}" for goal, value, met in goals(rows)]
+    if notes:
+        lines += ["", notes]
+    return "\n".join(lines) + "\n"
+
+
+def append_section(path: str | os.PathLike, section: str) -> Path:
+    """``section`` (a markdown ``## `` section) in the file at ``path``: replacing the section of the same heading
+    where there is one, else appended; the rest of the file is kept."""
+    path = Path(path)
+    heading = section.splitlines()[0]
+    text = path.read_text() if path.is_file() else ""
+    lines = text.splitlines()
+    if heading in lines:
+        start = lines.index(heading)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = section.rstrip("\n").splitlines() + ([""] if end < len(lines) else [])
+        text = "\n".join(lines) + "\n"
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def as_dicts(rows: list[DecoderRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+def plot(rows: list[DecoderRow], ax=None):
+    """Bars of pairs/s per (model, dtype), one per engine, each labelled with its ratio to sentence-transformers'. Draws
+    on ``ax`` if given, else on a new pyplot figure, and returns the figure."""
+    if not rows:
+        raise ValueError("no decoder benchmark rows to plot")
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+    else:
+        fig = ax.figure
+    groups = list(dict.fromkeys((r.model, r.dtype) for r in rows))
+    width = 0.8 / len(ENGINES)
+    for i, engine in enumerate(ENGINES):
+        found = [next((r for r in rows if (r.model, r.dtype, r.engine) == (*g, engine)), None) for g in groups]
+        bars = ax.bar(np.arange(len(groups)) + i * width, [r.pairs_per_s if r else 0 for r in found], width,
+                      label=engine)
+        ax.bar_label(bars, [f"{r.ratio:.2f}x" if r else "" for r in found], fontsize=7)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(ENGINES) - 1) / 2,
+                  [f"{m} {d}\n1 x {next(r.pairs for r in rows if (r.model, r.dtype) == (m, d))}" for m, d in groups])
+    ax.set_ylabel("pairs/s")
+    ax.set_title("Decoder reranker, 1 query x N documents (higher is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
