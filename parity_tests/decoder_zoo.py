@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
-import os
 import pathlib
 import shutil
-import tempfile
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -238,26 +235,24 @@ def build_decoder(name: str, root: pathlib.Path, *, seed: int = 0, **config_over
     """Build (or reuse) the checkpoint ``name`` under ``root`` and return its directory. ``config_overrides`` go to
     the config, except ``model_max_length``, ``truncation_side`` and ``vocab_size``, which shape the tokenizer."""
     spec = DECODER_SPECS[name]
-    root = pathlib.Path(root)
-    dirname = f"{name}-s{seed}"
-    if config_overrides:
-        blob = json.dumps(config_overrides, sort_keys=True, default=str).encode()
-        dirname += "-" + hashlib.sha1(blob).hexdigest()[:10]
-    final = root / dirname
-    if final.is_dir():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dirname}.tmp-", dir=root))
-    tmp.chmod(0o755)
-    try:
-        _build_into(spec, tmp, seed, config_overrides)
-        os.rename(tmp, final)  # atomic; a half-written build is never seen under `final`
-    except OSError:
-        if not final.is_dir():  # a concurrent builder may have won the race
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return zoo.cached_build(root, name, seed, config_overrides,
+                            lambda out: _build_into(spec, out, seed, config_overrides))
+
+
+def without_yes_no(name: str, root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """A copy of the checkpoint ``name`` at ``out`` whose tokenizer (bytes and the chat tokens only, no unknown
+    token) has no "yes" or "no": a causal LM that neither engine can score."""
+    import transformers
+
+    shutil.copytree(build_decoder(name, root), out)
+    alphabet = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = transformers.Qwen2Tokenizer(vocab={t: i for i, t in enumerate(alphabet)}, merges=[], unk_token=None,
+                                            eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = DECODER_SPECS[name].template
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (out / file).unlink()
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def spread_check(path) -> dict:

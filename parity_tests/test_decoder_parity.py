@@ -50,7 +50,7 @@ from xenc_lab.cpu.info import native_half_units
 
 from . import strategies as S
 from .conftest import DECODERS, DEVICE, ROOT, model_dir, scorer
-from .decoder_zoo import CHATML_TEMPLATE, DECODER_SPECS
+from .decoder_zoo import CHATML_TEMPLATE, DECODER_SPECS, without_yes_no
 from .zoo import SPREAD_PAIRS
 
 IDENTITY = torch.nn.Identity()
@@ -474,18 +474,9 @@ def _copy(name: str, tmp_path):
 
 
 def test_a_decoder_whose_tokenizer_lacks_yes_and_no_is_refused(tmp_path):
-    import transformers
     from sentence_transformers import CrossEncoder
-    from tokenizers import pre_tokenizers
 
-    path = _copy("qwen3-reranker", tmp_path)
-    alphabet = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = transformers.Qwen2Tokenizer(vocab={t: i for i, t in enumerate(alphabet)}, merges=[], unk_token=None,
-                                            eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.chat_template = DECODER_SPECS["qwen3-reranker"].template
-    for file in ("tokenizer.json", "tokenizer_config.json"):
-        (path / file).unlink()
-    tokenizer.save_pretrained(path)
+    path = without_yes_no("qwen3-reranker", ROOT, tmp_path / "model")
     with pytest.raises(ValueError, match="does not have 'yes' and/or 'no' tokens"):
         CrossEncoder(str(path), device="cpu")
     with pytest.raises(ValueError, match="no 'yes' and 'no' token"):

@@ -361,9 +361,10 @@ def _build_into(spec: ModelSpec, out: pathlib.Path, seed: int, overrides: dict) 
             json.dumps({"activation_fn": activation_fn}, indent=2) + "\n")
 
 
-def build_model(name: str, root: pathlib.Path, *, seed: int = 0, **overrides) -> pathlib.Path:
-    """Build (or reuse) the checkpoint ``name`` under ``root`` and return its directory."""
-    spec = SPECS[name]
+def cached_build(root: pathlib.Path, name: str, seed: int, overrides: dict, build) -> pathlib.Path:
+    """The directory ``root / name-s<seed>[-<hash of overrides>]``, made by ``build(tmp_dir)`` once: built in a
+    temporary folder, then renamed into place (atomic), so a half-written build is never seen and concurrent
+    builders of the same model both end with it."""
     root = pathlib.Path(root)
     dirname = f"{name}-s{seed}"
     if overrides:
@@ -376,14 +377,19 @@ def build_model(name: str, root: pathlib.Path, *, seed: int = 0, **overrides) ->
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dirname}.tmp-", dir=root))
     tmp.chmod(0o755)
     try:
-        _build_into(spec, tmp, seed, overrides)
-        os.rename(tmp, final)  # atomic; a half-written build is never seen under `final`
+        build(tmp)
+        os.rename(tmp, final)
     except OSError:
         if not final.is_dir():  # a concurrent builder may have won the race
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def build_model(name: str, root: pathlib.Path, *, seed: int = 0, **overrides) -> pathlib.Path:
+    """Build (or reuse) the checkpoint ``name`` under ``root`` and return its directory."""
+    return cached_build(root, name, seed, overrides, lambda out: _build_into(SPECS[name], out, seed, overrides))
 
 
 def build_tiny(root: pathlib.Path, num_labels: int = 1, *, seed: int = 0, **overrides) -> pathlib.Path:

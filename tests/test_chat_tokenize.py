@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parity_tests import strategies as S
-from parity_tests.decoder_zoo import CHATML_TEMPLATE, DECODER_SPECS, build_decoder
+from parity_tests.decoder_zoo import CHATML_TEMPLATE, DECODER_SPECS, build_decoder, without_yes_no
 from xenc_lab.chat import ChatPairTokenizer, pair_tokenizer, score_tokens
 from xenc_lab.loader import load_config
 from xenc_lab.st_format import read_cross_encoder_save
@@ -178,19 +178,9 @@ def test_a_template_that_cannot_carry_a_pair_is_refused_saying_how_to_fix_it(mod
 
 
 def test_a_tokenizer_without_yes_and_no_is_refused_saying_how_to_fix_it(models, tmp_path):
-    import transformers
     from sentence_transformers import CrossEncoder
-    from tokenizers import pre_tokenizers
 
-    path = tmp_path / "model"
-    shutil.copytree(models["qwen3-reranker"], path)
-    alphabet = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = transformers.Qwen2Tokenizer(vocab={t: i for i, t in enumerate(alphabet)}, merges=[], unk_token=None,
-                                            eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.chat_template = DECODER_SPECS["qwen3-reranker"].template
-    for file in ("tokenizer.json", "tokenizer_config.json"):
-        (path / file).unlink()
-    tokenizer.save_pretrained(path)
+    path = without_yes_no("qwen3-reranker", models["qwen3-reranker"].parent, tmp_path / "model")
     with pytest.raises(ValueError, match="does not have 'yes' and/or 'no' tokens"):
         CrossEncoder(str(path), device="cpu")
     tok = ChatPairTokenizer(path, load_config(path))

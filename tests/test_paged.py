@@ -197,7 +197,7 @@ def test_the_varlen_layout_gives_the_padded_layouts_attention(monkeypatch, last)
     for layout in ("padded", "varlen"):
         batch = pack_chunks(chunks, 4, cache_slots=cache.slots, layout=layout)
         q, k, v = _qkv(tokens, positions)
-        pad = lambda x: torch.cat([x, x.new_zeros(batch.input_ids.shape[0] - len(x), *x.shape[1:])])
+        pad = lambda x, t=batch.input_ids.shape[0]: torch.cat([x, x.new_zeros(t - len(x), *x.shape[1:])])
         attend = last_token_attention if last else chunk_attention
         outs[layout] = attend(pad(q), pad(k), pad(v), batch, cache, 0, 0.3)
     rows = len(chunks) if last else len(tokens)

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from transformers import PretrainedConfig
 
 from .st_format import CrossEncoderSave, chat_processing
-from .tokenize import Encodings, PairTokenizer, load_tokenizer
+from .tokenize import Encodings, PairTokenizer, backend_copy, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -242,14 +242,9 @@ class ChatPairTokenizer:
         """A copy of the fast tokenizer's backend free of transformers' truncation and padding, where encoding the
         renders with it gives the tokenizer's own ids on probes (a tokenizer class may encode its own way), else
         None: the tokenizer is called."""
-        if not getattr(self.tokenizer, "is_fast", False):
+        backend = backend_copy(self.tokenizer)
+        if backend is None:
             return None
-        try:
-            backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
-        except Exception:  # noqa: BLE001 (tokenizers raises plain Exception: Python components do not serialize)
-            return None
-        backend.no_truncation()
-        backend.no_padding()
         backend.encode_special_tokens = bool(getattr(self.tokenizer, "split_special_tokens", False))
         probes = self.render([self.messages(a, b, p) for a, b, p in _BACKEND_PROBES])
         if [e.ids for e in backend.encode_batch(probes, add_special_tokens=False)] != self._tokenizer_call(probes):
@@ -303,12 +298,10 @@ class ChatPairTokenizer:
             if len(ids) >= max_length and suffix and self._text_only(conversations[i]):
                 keep = min(len(suffix), len(ids))
                 ids[len(ids) - keep :] = suffix[len(suffix) - keep :]
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        ids = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(offsets[-1]))
-        type_ids = np.zeros_like(ids) if self.emits_token_type_ids else None
-        return Encodings(ids, type_ids, offsets)
+        enc = Encodings.from_rows(rows)
+        if self.emits_token_type_ids:
+            enc.type_ids = np.zeros_like(enc.ids)
+        return enc
 
     def _text_only(self, conversation: list[dict]) -> bool:
         """sentence-transformers restores no suffix on a row with a non-text content part (a text taken for media)."""

@@ -6,6 +6,7 @@ with the newline after it), so the shared part is whatever the pairs' ids have i
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +69,7 @@ def prefix_tree(enc: Encodings, min_shared: int) -> list[Node]:
         # (a prefix sorts before what extends it): they are leaves; the rest share that token too and go on.
         keys = [int(seqs[order[k]][shared]) for k in range(lo, hi)]
         bounds = [lo] + [lo + k for k in range(1, hi - lo) if keys[k] != keys[k - 1]] + [hi]
-        for a, b in reversed(list(zip(bounds[:-1], bounds[1:]))):
+        for a, b in reversed(list(itertools.pairwise(bounds))):
             ends = a
             while ends < b and lengths[ends] == shared + 1:
                 ends += 1

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from .batch import PackedBatch
-from .chunks import ChunkBatch
 from .choices import Choices
+from .chunks import ChunkBatch
 from .models import PackedModel
 from .pages import ATTENTION_SLACK, bucket_shape, plan_batches
 

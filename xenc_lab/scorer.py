@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from . import settings
+from .chat import ChatPairTokenizer, pair_tokenizer, score_tokens
 from .config import ScorerConfig, resolve_device, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
-from .chat import ChatPairTokenizer, pair_tokenizer, score_tokens
 from .decoder_engine import TokenCounts, run_decoder_pairs
 from .engine import run_pairs
 from .kv_cache import KVCache

@@ -49,6 +49,28 @@ class Encodings:
     def pair(self, i: int) -> list[int]:
         return self.ids[self.offsets[i] : self.offsets[i + 1]].tolist()
 
+    @classmethod
+    def from_rows(cls, rows: list[list[int]], type_rows: list[list[int]] | None = None) -> Encodings:
+        """Pairs' ids given row by row (and their type ids, if any), laid flat."""
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)), out=offsets[1:])
+        flat = lambda rs: np.fromiter((t for r in rs for t in r), dtype=np.int64, count=int(offsets[-1]))
+        return cls(flat(rows), None if type_rows is None else flat(type_rows), offsets)
+
+
+def backend_copy(tokenizer) -> Tokenizer | None:
+    """A copy of a fast tokenizer's backend free of the truncation and padding transformers sets on its own, or None
+    (a slow tokenizer, or one whose Python components do not serialize)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    try:
+        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    except Exception:  # noqa: BLE001 (tokenizers raises plain Exception: Python components do not serialize)
+        return None
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
 
 def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
     """How many tokens of each text a pair keeps when its two texts may hold ``budget`` tokens together (max_length
@@ -188,19 +210,10 @@ class PairTokenizer:
         specials = self.tokenizer.num_special_tokens_to_add(pair=True)  # a max_length below is refused by the Scorer
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
         self.specials = specials
-        self.layout: PairLayout | None = None  # None: the tokenizer truncates pairs itself
-        self.backend: Tokenizer | None = None
-        if getattr(self.tokenizer, "is_fast", False):
-            try:  # a copy of the backend, free of the truncation and padding transformers sets on the tokenizer's own
-                self.backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
-            except Exception:  # noqa: BLE001 (tokenizers raises plain Exception: Python components do not serialize)
-                self.backend = None
-            if self.backend is not None:
-                self.backend.no_truncation()
-                self.backend.no_padding()
-                self.layout = read_layout(self.backend)
-            if self.layout is not None and self.layout.specials != specials:
-                self.layout = None
+        self.backend = backend_copy(self.tokenizer)
+        self.layout = None if self.backend is None else read_layout(self.backend)  # None: the tokenizer truncates
+        if self.layout is not None and self.layout.specials != specials:
+            self.layout = None
 
     def from_where(self) -> str:
         """Where a max_length not passed came from, as ' (from ...)' for messages; '' where it was passed."""
@@ -245,13 +258,4 @@ class PairTokenizer:
             return_attention_mask=False,
             return_token_type_ids=None,
         )
-        rows = out["input_ids"]
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        ids = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(offsets[-1]))
-        type_ids = None
-        if "token_type_ids" in out:
-            rows = out["token_type_ids"]
-            type_ids = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(offsets[-1]))
-        return Encodings(ids, type_ids, offsets)
+        return Encodings.from_rows(out["input_ids"], out.get("token_type_ids"))
