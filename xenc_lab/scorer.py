@@ -76,6 +76,9 @@ class Scorer:
         self.tokenizer = pair_tokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save,
                                         position_limit(self.hf_config))
         self._check_max_length(self.tokenizer.max_length, "pass", self.tokenizer.from_where())
+        # A causal LM's yes/no token ids, checked before any weights are read.
+        causal_lm = self.architecture.endswith("ForCausalLM")
+        score_ids = score_tokens(self.tokenizer.tokenizer, self.save) if causal_lm else None
         self.device = device
         if device.type == "cpu" and cfg.dtype in HALF_UNITS and native_half_units(cfg.dtype) is False:
             warnings.warn(
@@ -85,8 +88,8 @@ class Scorer:
                 stacklevel=2,
             )
         model, self.choices = load_model(model_dir, self.hf_config, self.device, cfg.torch_dtype, cfg.compile)
-        if self.architecture.endswith("ForCausalLM"):
-            model.set_score_tokens(*score_tokens(self.tokenizer.tokenizer, self.save))
+        if causal_lm:
+            model.set_score_tokens(*score_ids)
         self.runner = ModelRunner(model, self.choices)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(
             self.hf_config, self.save, trust_remote_code, self.num_labels)
