@@ -2,5 +2,17 @@
 from .config import ScorerConfig
 from .scorer import Scorer
 
-__all__ = ["Scorer", "ScorerConfig"]
+__all__ = ["Scorer", "ScorerConfig", "rerank", "evaluate", "significance", "compare_rankings"]
 __version__ = "0.1.0"
+
+_EXPERIMENTS = {"rerank", "evaluate", "significance", "compare_rankings", "summarize_comparison", "rerank_variants",
+                "read_run", "read_qrels", "read_queries", "read_corpus", "write_run"}
+
+
+def __getattr__(name):
+    # The experiment tools import pandas and ir-measures: only when first used.
+    if name in _EXPERIMENTS:
+        from . import ir
+
+        return getattr(ir, name)
+    raise AttributeError(f"module 'xenc_lab' has no attribute {name!r}")

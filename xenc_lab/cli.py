@@ -196,12 +196,15 @@ def main(argv: list[str] | None = None) -> int:
                         "writes DIR/throughput.md's '## Decoder rerankers' section, keeping the rest")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
     b.set_defaults(func=bench)
+    from .ir.command import add_parser as add_rerank
+
+    add_rerank(sub, _positive_int)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv
     try:
         return args.func(args)
-    except (ValueError, TypeError) as err:  # the library's refusals of bad input: a message, not a traceback
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as err:  # the library's refusals of bad input: a message, not a traceback
         parser.exit(2, f"xenc-lab {args.command}: error: {err}\n")
 
 

@@ -21,7 +21,8 @@ from .loader import architecture_of, is_decoder, load_config, load_model, positi
 from .pages import pages_for
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
-from .st_args import check_flags, check_ordered, is_single_pair, predict_names, rank_names, split_pairs
+from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
+                      split_pairs)
 from .st_format import processing_max_length, read_cross_encoder_save
 
 
@@ -132,6 +133,12 @@ class Scorer:
     @property
     def model(self) -> torch.nn.Module:
         return self.runner.model
+
+    @functools.cached_property
+    def model_card_data(self):
+        """Where sentence-transformers' evaluators record their metrics (``set_evaluation_metrics``): its own
+        ``CrossEncoderModelCardData`` when it is installed, else an ``EvalResults``; made on first use."""
+        return new_model_card_data()
 
     def __repr__(self) -> str:
         c = self.config
@@ -367,4 +374,11 @@ class Scorer:
                 r["text"] = documents[r["corpus_id"]]
         return sorted(results, key=lambda r: r["score"], reverse=True)[:top_k]
 
+    def score_frame(self, df, text_1="query", text_2="passage", column: str = "score", *, overwrite: bool = False,
+                    **predict_kwargs):
+        """A copy of the pandas DataFrame ``df`` with the scores of its (``text_1``, ``text_2``) rows added: one float32
+        column ``column``, or for a multi-label model one per label, ``f"{column}_{label}"``. The index and row order
+        are kept and ``df`` is not modified; ``predict_kwargs`` go to ``predict``."""
+        from .ir.frames import score_frame
 
+        return score_frame(self, df, text_1, text_2, column, overwrite=overwrite, **predict_kwargs)

@@ -90,3 +90,24 @@ def check_ordered(name: str, value, expected: str) -> None:
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
     if isinstance(value, (set, frozenset, dict)):
         raise TypeError(f"{name} must be {expected}, in an order the scores can follow; got a {type(value).__name__}")
+
+
+class EvalResults:
+    """Evaluator -> its last metrics, as ``CrossEncoderModelCardData`` keeps them, for a Scorer without
+    sentence-transformers installed."""
+
+    def __init__(self):
+        self.eval_results_dict: dict = {}
+
+    def set_evaluation_metrics(self, evaluator, metrics: dict, epoch: int = 0, step: int = 0) -> None:
+        self.eval_results_dict[evaluator] = dict(metrics)
+
+
+def new_model_card_data():
+    """Where sentence-transformers' evaluators record metrics: its ``CrossEncoderModelCardData`` where installed (not
+    registered with a model: registration reads a torch model's children and prompts), else an ``EvalResults``."""
+    try:
+        from sentence_transformers.cross_encoder.model_card import CrossEncoderModelCardData
+    except ImportError:
+        return EvalResults()
+    return CrossEncoderModelCardData(local_files_only=True)

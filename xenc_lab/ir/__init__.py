@@ -1,0 +1,18 @@
+"""Reranking experiments: read a first-stage run, rerank it, evaluate it, compare rankings. Needs pandas and
+ir-measures (``pip install 'xenc-lab[ir]'``), imported when a tool is first used."""
+import importlib
+
+_HOMES = {
+    "rerank": "reranking",
+    "evaluate": "metrics", "significance": "metrics",
+    "compare_rankings": "compare", "summarize_comparison": "compare", "score_frame": "frames",
+    "rerank_variants": "variants",
+    "read_run": "files", "read_qrels": "files", "read_queries": "files", "read_corpus": "files", "write_run": "files",
+}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    raise AttributeError(f"module 'xenc_lab.ir' has no attribute {name!r}")

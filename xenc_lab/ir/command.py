@@ -1,0 +1,92 @@
+"""``xenc-lab rerank``: a first-stage run reranked into a TREC file, then evaluated where qrels are given."""
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_MEASURES = ["nDCG@10", "RR@10", "R@100"]
+
+
+def add_parser(sub, positive_int) -> None:
+    p = sub.add_parser("rerank", help="rerank a first-stage TREC run with a cross-encoder; evaluate it with qrels",
+                       description="Reranks each query's top DEPTH candidates of RUN and writes a TREC run, query by "
+                                   "query (--resume continues an interrupted one). With --qrels, prints the metrics "
+                                   "of the first-stage and the reranked run and a paired test between them.")
+    p.add_argument("--model", default=None,
+                   help="model directory or hub id (default: the offline MiniLM-L6 cross-encoder, untrained head)")
+    p.add_argument("--beir", default=None, metavar="DIR",
+                   help="a BEIR dataset folder: corpus.jsonl, queries.jsonl and qrels/SPLIT.tsv fill in --corpus, "
+                        "--queries and --qrels")
+    p.add_argument("--split", default="test", help="the BEIR qrels split (default: test)")
+    p.add_argument("--queries", default=None, help="queries: BEIR queries.jsonl or an MS MARCO 'qid<TAB>query' TSV")
+    p.add_argument("--corpus", default=None, help="documents: BEIR corpus.jsonl or an MS MARCO 'pid<TAB>passage' TSV")
+    p.add_argument("--run", required=True, help="the first-stage run: a TREC run file (qid Q0 docno rank score tag)")
+    p.add_argument("--depth", type=positive_int, default=100, help="candidates reranked per query (default 100)")
+    p.add_argument("--output", required=True, metavar="OUT.trec", help="the reranked TREC run to write")
+    p.add_argument("--resume", action="store_true", help="continue OUT.trec from its last complete query")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT.trec")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="leave out queries without text and candidates missing from the corpus (counted) instead of "
+                        "refusing the run")
+    p.add_argument("--no-title", action="store_true", help="score a document's text alone (default: title, space, text)")
+    p.add_argument("--tag", default="xenc_lab", help="the run tag in OUT.trec's last column")
+    p.add_argument("--qrels", default=None, help="TREC qrels or BEIR qrels TSV: evaluate both runs")
+    p.add_argument("--measures", nargs="+", default=None, metavar="MEASURE",
+                   help=f"ir-measures names (default: {' '.join(DEFAULT_MEASURES)})")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-length", type=positive_int, default=None, help="truncate pairs to this many tokens")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="cap on pairs per batch")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--prompt", default=None, help="a prompt (an instruction) for every query")
+    p.set_defaults(func=run_command)
+
+
+def _beir_paths(args) -> None:
+    if args.beir is None:
+        missing = [name for name in ("queries", "corpus") if getattr(args, name) is None]
+        if missing:
+            raise ValueError(f"give --{' and --'.join(missing)}, or --beir DIR for a BEIR folder")
+        return
+    folder = args.beir
+    args.queries = args.queries or os.path.join(folder, "queries.jsonl")
+    args.corpus = args.corpus or os.path.join(folder, "corpus.jsonl")
+    qrels = os.path.join(folder, "qrels", f"{args.split}.tsv")
+    if args.qrels is None and os.path.exists(qrels):
+        args.qrels = qrels
+
+
+def run_command(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .. import Scorer
+    from . import evaluate, read_run, rerank, significance
+
+    _beir_paths(args)
+    first = read_run(args.run)  # a malformed run is refused before a model loads
+    if args.model is None:
+        from ..zoo import minilm_cross_encoder
+
+        path = minilm_cross_encoder()
+        print(f"Model: real MiniLM-L6 weights with a seeded, UNTRAINED head ({path}): its rankings show the "
+              "workflow, not a model's quality. Pass --model for a trained reranker.")
+    else:
+        path = args.model
+    scorer = Scorer(path, device=args.device, dtype=args.dtype, compile=args.compile)
+    print(scorer)
+    options = {k: v for k, v in (("max_length", args.max_length), ("batch_size", args.batch_size),
+                                 ("prompt", args.prompt)) if v is not None}
+    ranked = rerank(scorer, args.queries, args.corpus, first, depth=args.depth, output=args.output,
+                    resume=args.resume, overwrite=args.overwrite, tag=args.tag, skip_missing=args.skip_missing,
+                    title_sep=None if args.no_title else " ", **options)
+    print(f"wrote {args.output}: {ranked['qid'].nunique()} queries, {len(ranked)} lines")
+    if args.qrels is not None:
+        measures = args.measures or DEFAULT_MEASURES
+        table = pd.DataFrame({"first stage": evaluate(first, args.qrels, measures),
+                              "reranked": evaluate(args.output, args.qrels, measures)})
+        tests = significance(first, args.output, args.qrels, measures)
+        table["delta"] = tests["delta"]
+        table["p (t-test)"] = tests["t_p"]
+        table["p (randomization)"] = tests["perm_p"]
+        print(table.to_string(float_format="{:.4f}".format))
+    return 0

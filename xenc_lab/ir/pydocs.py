@@ -1,0 +1,81 @@
+"""An offline test collection built from the documentation that ships with Python: each documented function of
+some standard-library modules is a document (its module as title, its docstring as text), and a query made of its
+name's words has that function's docstring as its one relevant document. Plus a BM25 first stage (``bm25s``)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import re
+
+MODULES = [
+    "array", "base64", "binascii", "bisect", "calendar", "cmath", "codecs", "collections", "colorsys", "copy", "csv",
+    "datetime", "decimal", "difflib", "email.utils", "filecmp", "fnmatch", "fractions", "functools", "glob", "gzip",
+    "hashlib", "heapq", "hmac", "html", "inspect", "ipaddress", "itertools", "json", "keyword", "linecache", "locale",
+    "math", "mimetypes", "operator", "os", "os.path", "pathlib", "pickle", "platform", "pprint", "quopri", "random",
+    "re", "secrets", "shlex", "shutil", "socket", "statistics", "string", "struct", "sysconfig", "tarfile",
+    "tempfile", "textwrap", "threading", "time", "tokenize", "unicodedata", "urllib.parse", "uuid", "warnings",
+    "zipfile", "zlib",
+]
+
+
+def _documented_functions(module_name: str):
+    module = importlib.import_module(module_name)
+    for name, obj in sorted(vars(module).items()):
+        if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
+            continue
+        doc = inspect.getdoc(obj) or ""
+        words = name.split("_")
+        if len(doc) >= 80 and len(name) >= 4:
+            yield name, words, doc
+
+
+def python_docs_collection(folder: str | os.PathLike, max_chars: int = 1000, max_queries: int | None = None
+                           ) -> dict[str, str]:
+    """Writes a BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) of the standard library's documented
+    functions and returns the three paths. A query is a function's name split into words, prefixed by its module
+    (``"os path join"``); its relevant document is that function's docstring (cut to ``max_chars``). An alias
+    (``bisect.bisect`` of ``bisect_right``) is left out: its text would tie with the original's. ``max_queries``
+    keeps the first queries only (the corpus stays whole). The contents follow the running Python's docstrings."""
+    os.makedirs(os.path.join(folder, "qrels"), exist_ok=True)
+    docs, queries, texts = [], {}, set()
+    for module in MODULES:
+        for name, words, doc in _documented_functions(module):
+            docno, text = f"{module}.{name}", re.sub(r"\s+", " ", doc)[:max_chars]
+            if (module, text) in texts:
+                continue
+            texts.add((module, text))
+            docs.append({"_id": docno, "title": module, "text": text})
+            query = " ".join(module.replace(".", " ").split() + [w for w in words if w])
+            queries.setdefault(query, docno)  # one query per distinct text
+    paths = {name: os.path.join(folder, file) for name, file in
+             (("corpus", "corpus.jsonl"), ("queries", "queries.jsonl"), ("qrels", os.path.join("qrels", "test.tsv")))}
+    with open(paths["corpus"], "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(d) + "\n" for d in docs)
+    with open(paths["queries"], "w", encoding="utf-8") as f, open(paths["qrels"], "w", encoding="utf-8") as q:
+        q.write("query-id\tcorpus-id\tscore\n")
+        for i, (text, docno) in enumerate(list(queries.items())[:max_queries]):
+            f.write(json.dumps({"_id": f"q{i}", "text": text}) + "\n")
+            q.write(f"q{i}\t{docno}\t1\n")
+    return paths
+
+
+def bm25_run(queries, corpus, k: int = 100, title_sep: str | None = " "):
+    """A BM25 first stage (``bm25s``, English stopwords) as a run frame (qid, docno, rank, score): each query's top
+    ``k`` documents. ``queries``/``corpus``: what ``read_queries``/``read_corpus`` take."""
+    import bm25s
+    import pandas as pd
+
+    from .files import read_corpus, read_queries
+
+    texts, docs = read_queries(queries), read_corpus(corpus, title_sep=title_sep)
+    docnos = list(docs)
+    index = bm25s.BM25()
+    index.index(bm25s.tokenize([docs[d] or "" for d in docnos], show_progress=False), show_progress=False)
+    qids = list(texts)
+    found, scores = index.retrieve(bm25s.tokenize([texts[q] for q in qids], show_progress=False),
+                                   k=min(k, len(docnos)), show_progress=False)
+    rows = [(qid, docnos[i], r + 1, float(s)) for qid, ids, ss in zip(qids, found, scores)
+            for r, (i, s) in enumerate(zip(ids, ss))]
+    return pd.DataFrame(rows, columns=["qid", "docno", "rank", "score"])
