@@ -29,10 +29,23 @@ SHOWS = {
         ("counts = pd.DataFrame(counts)", TABLE),  # the tokens sharing saves
         ("decoder.plot(rows)", FIGURE),  # pairs/s sharing on vs off vs sentence-transformers
     ],
+    "04_reranking_experiment.ipynb": [
+        ("corpus.sample(", TABLE),  # the collection's documents
+        ("queries.merge(qrels", TABLE),  # its queries and their one relevant document
+        ('write_run(run, folder / "bm25.trec"', TABLE),  # the BM25 first stage
+        ("reranked = rerank(", TABLE),  # the reranked run
+        ("metrics = pd.DataFrame(", TABLE),  # first stage vs reranked
+        ("tests = significance(", TABLE),  # paired t-test and randomization test
+        ("per_query = pd.concat(", TABLE),  # the queries that moved most
+        ("summarize_comparison(head)", TABLE),  # how much the rankings differ
+        ('head.sort_values("kendall_tau")', TABLE),  # the most reordered queries
+        ("right.hist(", FIGURE),  # per-query nDCG@10 before/after, Kendall's tau
+    ],
 }
 # Code cells after the last figure or table: 01 ends in its throughput table; in 02 the compile and GPU sections,
 # which print text, follow the bf16 histogram.
-TRAILING_TEXT_CELLS = {"01_quickstart.ipynb": 0, "02_speed_and_precision.ipynb": 2, "03_decoder_rerankers.ipynb": 0}
+TRAILING_TEXT_CELLS = {"01_quickstart.ipynb": 0, "02_speed_and_precision.ipynb": 2, "03_decoder_rerankers.ipynb": 0,
+                       "04_reranking_experiment.ipynb": 0}
 
 
 def test_the_glob_finds_exactly_the_notebooks_that_are_checked():

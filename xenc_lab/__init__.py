@@ -2,11 +2,10 @@
 from .config import ScorerConfig
 from .scorer import Scorer
 
-__all__ = ["Scorer", "ScorerConfig", "rerank", "evaluate", "significance", "compare_rankings"]
+_EXPERIMENTS = ["rerank", "evaluate", "significance", "compare_rankings", "summarize_comparison", "rerank_variants",
+                "read_run", "read_qrels", "read_queries", "read_corpus", "write_run"]
+__all__ = ["Scorer", "ScorerConfig", *_EXPERIMENTS]
 __version__ = "0.1.0"
-
-_EXPERIMENTS = {"rerank", "evaluate", "significance", "compare_rankings", "summarize_comparison", "rerank_variants",
-                "read_run", "read_qrels", "read_queries", "read_corpus", "write_run"}
 
 
 def __getattr__(name):

@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     from .ir.command import add_parser as add_rerank
 
     add_rerank(sub, _positive_int)
+    from .report import add_parser as add_report
+
+    add_report(sub)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv

@@ -63,7 +63,8 @@ def python_docs_collection(folder: str | os.PathLike, max_chars: int = 1000, max
 
 def bm25_run(queries, corpus, k: int = 100, title_sep: str | None = " "):
     """A BM25 first stage (``bm25s``, English stopwords) as a run frame (qid, docno, rank, score): each query's top
-    ``k`` documents. ``queries``/``corpus``: what ``read_queries``/``read_corpus`` take."""
+    ``k`` documents that share a term with it (score above 0). ``queries``/``corpus``: what
+    ``read_queries``/``read_corpus`` take."""
     import bm25s
     import pandas as pd
 
@@ -76,6 +77,11 @@ def bm25_run(queries, corpus, k: int = 100, title_sep: str | None = " "):
     qids = list(texts)
     found, scores = index.retrieve(bm25s.tokenize([texts[q] for q in qids], show_progress=False),
                                    k=min(k, len(docnos)), show_progress=False)
-    rows = [(qid, docnos[i], r + 1, float(s)) for qid, ids, ss in zip(qids, found, scores)
-            for r, (i, s) in enumerate(zip(ids, ss))]
-    return pd.DataFrame(rows, columns=["qid", "docno", "rank", "score"])
+    rows = [(qid, docnos[i], float(s)) for qid, ids, ss in zip(qids, found, scores) for i, s in zip(ids, ss) if s > 0]
+    run = pd.DataFrame(rows, columns=["qid", "docno", "score"])
+    # Ranks in the order evaluation reads a run (score descending, ties by docno descending, as trec_eval), so that
+    # the top k by rank are the top k that rerank(depth=k) rescores.
+    run = run.sort_values(["score", "docno"], ascending=False, kind="stable")
+    run = run.iloc[run["qid"].map({q: i for i, q in enumerate(qids)}).argsort(kind="stable")]
+    run.insert(2, "rank", run.groupby("qid", sort=False).cumcount() + 1)
+    return run.reset_index(drop=True)

@@ -1,0 +1,146 @@
+"""``xenc-lab report``: regenerates every report in ``reports/`` on this machine (parity, throughput, decoder
+throughput, precision and rankings) and executes the notebooks in place, so that they are stored with their
+outputs."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # a clone's root: parity_tests/ and notebooks/ live there
+PARTS = ("parity", "throughput", "decoder", "precision", "notebooks")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="regenerate the reports in reports/ and the notebooks' stored outputs",
+                       description="Regenerates the reports on this machine, each with the machine and versions: "
+                                   "parity (pytest parity_tests: reports/parity.md), throughput (bench --memory), "
+                                   "decoder (bench --decoder), precision (fp32 against bf16, compile and a shorter "
+                                   "max_length, on scores, rankings and metrics: precision.md and precision.png), "
+                                   "and notebooks (each executed and saved with its outputs). Needs a clone of the "
+                                   "repository (parity_tests/, notebooks/).")
+    p.add_argument("parts", nargs="*", default=None, metavar="PART",
+                   help=f"what to regenerate, of {', '.join(PARTS)} (default: all)")
+    p.add_argument("--out", default=str(ROOT / "reports"), metavar="DIR", help="where reports go (default: reports/)")
+    p.add_argument("--queries", type=int, default=100, help="queries in the precision experiment (default 100)")
+    p.set_defaults(func=run_command)
+
+
+def _step(name: str, fn) -> None:
+    start = time.perf_counter()
+    print(f"== {name}", flush=True)
+    fn()
+    print(f"== {name}: done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        raise ValueError(f"{path} is not here: `xenc-lab report` runs from a clone of the repository")
+    return path
+
+
+def parity(out: Path) -> None:
+    """The parity suite writes reports/parity.md itself (parity_tests/conftest.py)."""
+    _need(ROOT / "parity_tests")
+    subprocess.run([sys.executable, "-m", "pytest", "parity_tests", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                   check=True)
+    if out.resolve() != (ROOT / "reports").resolve():
+        (out / "parity.md").write_text((ROOT / "reports" / "parity.md").read_text())
+
+
+def throughput(out: Path) -> None:
+    from .cli import main
+
+    main(["bench", "--memory", "--report", str(out)])
+
+
+def decoder(out: Path) -> None:
+    from .cli import main
+
+    main(["bench", "--decoder", "--report", str(out)])
+
+
+def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xenc-lab report precision") -> Path:
+    """reports/precision.md and precision.png: the docs collection's BM25 run reranked by the MiniLM-L6
+    cross-encoder in fp32 and under each variant; what each changes in scores, rankings and metrics."""
+    from .bench.report import machine
+    from .ir.pydocs import bm25_run, python_docs_collection
+    from .ir.variants import STANDARD_VARIANTS, rerank_variants
+    from .zoo import minilm_cross_encoder
+
+    variants = dict(STANDARD_VARIANTS)  # bf16 runs on any CPU: its numbers, not its speed, are the point
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = python_docs_collection(tmp, max_chars=1000, max_queries=queries)
+        run = bm25_run(paths["queries"], paths["corpus"], k=100)
+        result = rerank_variants(minilm_cross_encoder(), paths["queries"], paths["corpus"], run, variants,
+                                 depth=depth, scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
+        deltas, ranks = result.score_deltas(), result.rankings(k=10)
+        metrics = result.metrics(paths["qrels"], ("nDCG@10", "RR@10"))
+        fig = result.plot(paths["qrels"], ("nDCG@10", "RR@10"))
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / "precision.png", dpi=110)
+    fmt = lambda frame: frame.to_markdown(floatfmt=".3g")  # needs tabulate (the bench extra)
+    text = "\n".join([
+        "# Precision and rankings: does a setting change the ranking?",
+        "",
+        f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
+        "",
+        f"Python's standard-library docstrings as a test collection (`xenc_lab.ir.pydocs`: {queries} queries, each "
+        "judged by its function's own docstring), BM25 (bm25s) for the first stage, the top "
+        f"{depth} of each query reranked by the MiniLM-L6 cross-encoder (real encoder weights, seeded untrained "
+        "head: the metrics show how much a setting moves them, not the model's quality). Each variant is compared "
+        "with the fp32 run on the same pairs (`xenc_lab.ir.rerank_variants`).",
+        "",
+        "## Scores: |variant - float32| over the reranked pairs",
+        "",
+        fmt(deltas),
+        "",
+        "## Rankings against float32 (top 10)",
+        "",
+        fmt(ranks),
+        "",
+        "## Metrics: value, change from float32, paired t-test and randomization test p-values",
+        "",
+        fmt(metrics),
+        "",
+        "![score deltas, changed top 10s and metric changes](precision.png)",
+        "",
+    ])
+    (out / "precision.md").write_text(text)
+    return out / "precision.md"
+
+
+def notebooks(out: Path) -> None:
+    """Each notebook executed top to bottom and saved in place with its outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    for path in sorted(_need(ROOT / "notebooks").glob("*.ipynb")):
+        print(f"   {path.name}", flush=True)
+        nb = nbformat.read(path, as_version=4)
+        NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+                       ).execute()
+        nbformat.write(nb, path)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    parts = args.parts or list(PARTS)
+    if unknown := [p for p in parts if p not in PARTS]:
+        raise ValueError(f"unknown report part(s) {unknown}: choose from {', '.join(PARTS)}")
+    command = "xenc-lab " + shlex.join(args.argv)
+    steps = {
+        "parity": lambda: parity(out),
+        "throughput": lambda: throughput(out),
+        "decoder": lambda: decoder(out),
+        "precision": lambda: print(f"wrote {precision(out, args.queries, command=command)}"),
+        "notebooks": lambda: notebooks(out),
+    }
+    for part in parts:
+        _step(part, steps[part])
+    return 0
