@@ -65,19 +65,20 @@ def decoder(out: Path) -> None:
     main(["bench", "--decoder", "--report", str(out)])
 
 
-def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xenc-lab report precision") -> Path:
-    """reports/precision.md and precision.png: the docs collection's BM25 run reranked by the MiniLM-L6
-    cross-encoder in fp32 and under each variant; what each changes in scores, rankings and metrics."""
+def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xenc-lab report precision",
+              model=None, variants: dict | None = None) -> Path:
+    """reports/precision.md and precision.png: the docs collection's BM25 run reranked by ``model`` (default: the
+    MiniLM-L6 cross-encoder) in fp32 and under each variant; what each changes in scores, rankings and metrics."""
     from .bench.report import machine
     from .ir.pydocs import bm25_run, python_docs_collection
     from .ir.variants import STANDARD_VARIANTS, rerank_variants
     from .zoo import minilm_cross_encoder
 
-    variants = dict(STANDARD_VARIANTS)  # bf16 runs on any CPU: its numbers, not its speed, are the point
+    variants = dict(STANDARD_VARIANTS if variants is None else variants)  # bf16 runs on any CPU: its numbers matter
     with tempfile.TemporaryDirectory() as tmp:
         paths = python_docs_collection(tmp, max_chars=1000, max_queries=queries)
         run = bm25_run(paths["queries"], paths["corpus"], k=100)
-        result = rerank_variants(minilm_cross_encoder(), paths["queries"], paths["corpus"], run, variants,
+        result = rerank_variants(model or minilm_cross_encoder(), paths["queries"], paths["corpus"], run, variants,
                                  depth=depth, scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
         deltas, ranks = result.score_deltas(), result.rankings(k=10)
         metrics = result.metrics(paths["qrels"], ("nDCG@10", "RR@10"))
@@ -85,26 +86,29 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / "precision.png", dpi=110)
     fmt = lambda frame: frame.to_markdown(floatfmt=".3g")  # needs tabulate (the bench extra)
+    base = result.baseline
+    about = ("the MiniLM-L6 cross-encoder (real encoder weights, seeded untrained head: the metrics show how much a "
+             "setting moves them, not the model's quality)" if model is None else f"`{model}`")
+    intro = (f"Python's standard-library docstrings as a test collection (`xenc_lab.ir.pydocs`: {queries} queries, "
+             f"each judged by its function's own docstring), BM25 (bm25s) for the first stage, the top {depth} of each "
+             f"query reranked by {about}. Each variant is compared with the {base} run on the same pairs "
+             "(`xenc_lab.ir.rerank_variants`).")
     text = "\n".join([
         "# Precision and rankings: does a setting change the ranking?",
         "",
         f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
         "",
-        f"Python's standard-library docstrings as a test collection (`xenc_lab.ir.pydocs`: {queries} queries, each "
-        "judged by its function's own docstring), BM25 (bm25s) for the first stage, the top "
-        f"{depth} of each query reranked by the MiniLM-L6 cross-encoder (real encoder weights, seeded untrained "
-        "head: the metrics show how much a setting moves them, not the model's quality). Each variant is compared "
-        "with the fp32 run on the same pairs (`xenc_lab.ir.rerank_variants`).",
+        intro,
         "",
-        "## Scores: |variant - float32| over the reranked pairs",
+        f"## Scores: |variant - {base}| over the reranked pairs",
         "",
         fmt(deltas),
         "",
-        "## Rankings against float32 (top 10)",
+        f"## Rankings against {base} (top 10)",
         "",
         fmt(ranks),
         "",
-        "## Metrics: value, change from float32, paired t-test and randomization test p-values",
+        f"## Metrics: value, change from {base}, paired t-test and randomization test p-values",
         "",
         fmt(metrics),
         "",

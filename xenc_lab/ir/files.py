@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -205,7 +206,7 @@ def _joined(row, title_sep, what, key) -> str | None:
 
 
 def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def read_queries(source) -> dict[str, str]:

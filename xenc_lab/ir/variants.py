@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from .compare import compare_rankings, summarize_comparison
-from .metrics import evaluate, significance
+from .metrics import significance
 from .reranking import rerank
 
 STANDARD_VARIANTS = {
