@@ -17,6 +17,7 @@ from .conftest import oracle, scorer
 ARCH = "minilm-l6 (real weights)"
 DEPTH, CANDIDATES, QUERIES = 20, 30, 40
 MEASURES = ("nDCG@10", "RR@10", "R@20", "AP")
+TOLERANCE = 2e-5  # the engines' largest score difference allowed (the parity suite's bound on these scores)
 
 
 @functools.cache
@@ -43,17 +44,23 @@ def test_reranked_top_k_is_ordered_exactly_as_sentence_transformers_scores_and_t
     delta = recorder.add(ARCH, "float32", "rerank scores", head(ours)["score"], head(theirs)["score"])
     spread = float(head(theirs)["score"].std())
     print(f"\n{ours['qid'].nunique()} queries x {DEPTH}: max |delta| {delta.max():.2e}, score spread {spread:.3f}")
-    assert spread > 0.05 and delta.max() < 1e-4  # scores vary far more than the two engines differ
+    assert spread > 0.05 and delta.max() < TOLERANCE  # scores vary far more than the two engines differ
     first = {q: list(g.sort_values(["score", "docno"], ascending=False)["docno"]) for q, g in run.groupby("qid")}
-    gaps = []
+    gaps, differ = [], []
     for qid, group in ours.groupby("qid"):
-        st = theirs[theirs["qid"] == qid]
-        assert list(group["docno"]) == list(st["docno"]), f"query {qid}: the rankings differ"
+        st = theirs[theirs["qid"] == qid].set_index("docno")["score"]
         assert sorted(group["docno"][:DEPTH]) == sorted(first[qid][:DEPTH])
         assert list(group["docno"][DEPTH:]) == first[qid][DEPTH:]
-        gaps.append(np.diff(-st["score"].to_numpy()[:DEPTH]).min())
-    print(f"smallest gap between adjacent sentence-transformers scores: {min(gaps):.2e}")
-    assert min(gaps) > delta.max()  # no near-tie that ties would make the equality luck
+        # Our order read with sentence-transformers' scores never rises by more than the engines' difference.
+        theirs_in_our_order = st[list(group["docno"][:DEPTH])].to_numpy()
+        assert (np.diff(theirs_in_our_order) <= TOLERANCE).all(), f"query {qid}: the order disagrees beyond a tie"
+        if list(group["docno"]) != list(st.index):
+            differ.append(qid)
+        gaps.append(np.diff(-st.to_numpy()[:DEPTH]).min())
+    print(f"smallest gap between adjacent sentence-transformers scores: {min(gaps):.2e}; queries ordered "
+          f"differently (near-ties only): {differ}")
+    # Identical orders, but where two documents' scores are closer than the engines' difference.
+    assert not differ or min(gaps) <= TOLERANCE
 
 
 def test_metrics_of_the_written_run_equal_ir_measures_read_from_the_file(experiment):
