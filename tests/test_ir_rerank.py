@@ -181,3 +181,17 @@ def test_a_multi_label_model_or_an_object_without_predict_is_refused(scorer3):
         rerank(scorer3, QUERIES, CORPUS, first_stage())
     with pytest.raises(TypeError, match="scorer must have a predict\\(\\) method"):
         rerank("model-name", QUERIES, CORPUS, first_stage())
+
+
+def test_a_decoder_reranker_shares_each_querys_prefix_across_its_candidates(tmp_path_factory):
+    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab import Scorer
+
+    scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3")), device="cpu")
+    run = first_stage(10)
+    out = rerank(scorer, QUERIES, CORPUS, run, depth=10, prompt="Judge the document.", show_progress_bar=False)
+    counts = scorer.token_counts  # of the last predict call: the whole run fits one window
+    assert counts.computed < 0.8 * counts.total, counts
+    pairs = [(QUERIES["q2"], "{title} {text}".format(**CORPUS[d])) for d in out[out["qid"] == "q2"]["docno"]]
+    alone = scorer.predict(pairs, prompt="Judge the document.")
+    assert out[out["qid"] == "q2"]["score"].to_numpy() == pytest.approx(alone, abs=1e-5)
