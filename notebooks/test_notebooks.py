@@ -41,11 +41,20 @@ SHOWS = {
         ('head.sort_values("kendall_tau")', TABLE),  # the most reordered queries
         ("right.hist(", FIGURE),  # per-query nDCG@10 before/after, Kendall's tau
     ],
+    "05_precision_and_rankings.ipynb": [
+        ("deltas = result.score_deltas()", TABLE),  # |score delta| of each setting against fp32
+        ("tokens = Scorer(model).tokenizer(", FIGURE),  # bf16 against fp32; |delta| against pair length
+        ("result.rankings(k=10)", TABLE),  # Kendall's tau, top-10 overlap, same top 10
+        ("neighbors = head.assign(", FIGURE),  # tau per query; bf16 swaps near ties only
+        ("metrics = result.metrics(", TABLE),  # metric deltas with paired tests
+        ("moved = pd.concat(", TABLE),  # the queries behind the metric deltas
+        ("fig = result.plot(", FIGURE),  # the three levels in one figure
+    ],
 }
 # Code cells after the last figure or table: 01 ends in its throughput table; in 02 the compile and GPU sections,
 # which print text, follow the bf16 histogram.
 TRAILING_TEXT_CELLS = {"01_quickstart.ipynb": 0, "02_speed_and_precision.ipynb": 2, "03_decoder_rerankers.ipynb": 0,
-                       "04_reranking_experiment.ipynb": 0}
+                       "04_reranking_experiment.ipynb": 0, "05_precision_and_rankings.ipynb": 0}
 
 
 def test_the_glob_finds_exactly_the_notebooks_that_are_checked():

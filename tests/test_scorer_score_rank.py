@@ -113,8 +113,14 @@ def test_rank_sorts_by_score_descending_keeping_ties_in_corpus_order(scorer, doc
 
 def test_rank_top_k_is_a_prefix_of_the_full_ranking(scorer):
     full = scorer.rank(QUERY, DOCS)
-    for k in range(len(DOCS) + 2):
+    for k in range(1, len(DOCS) + 2):
         assert scorer.rank(QUERY, DOCS, top_k=k) == full[:k]
+
+
+@pytest.mark.parametrize("top_k", [0, -1, -len(DOCS)])
+def test_rank_top_k_below_one_is_refused_not_read_as_a_slice(scorer, top_k):
+    with pytest.raises(ValueError, match=f"top_k must be a positive int or None .*got {top_k}"):
+        scorer.rank(QUERY, DOCS, top_k=top_k)
 
 
 def test_rank_of_no_documents_is_an_empty_list_like_the_oracle(scorer, oracle):

@@ -90,18 +90,27 @@ def run_decoder_pairs(
     out = torch.empty(n, num_labels, dtype=torch.float32, device=runner.device)
     counts = counts if counts is not None else TokenCounts()
     with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
-        for start, enc in tokenized_windows(tokenize, text_1, text_2, max_length):
-            if pooled_past is not None:
-                enc = trim_trailing(enc, pooled_past)
-            nodes = prefix_tree(enc, min_shared=page_size) if share_prefix else no_sharing(enc)
-            nodes = split_long(nodes, max_pages * page_size)
-            counts.total += int(enc.lengths.sum())
-            counts.computed += sum(node.length for node in nodes)
-            for group in _groups(nodes, CACHE_BATCHES * max_pages * page_size, page_size):
-                done = _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_pages, pad_token_id,
-                                  batch_size)
-                bar.update(done)
+        try:
+            _run_windows(tokenize, runner, cache, text_1, text_2, out, bar, counts, page_size, max_pages, pad_token_id,
+                         share_prefix, batch_size, max_length, pooled_past)
+        finally:  # an interrupted run leaves no page held: the next call starts from an empty cache
+            cache.allocator.reset()
     return out.cpu()
+
+
+def _run_windows(tokenize, runner, cache, text_1, text_2, out, bar, counts, page_size, max_pages, pad_token_id,
+                 share_prefix, batch_size, max_length, pooled_past) -> None:
+    for start, enc in tokenized_windows(tokenize, text_1, text_2, max_length):
+        if pooled_past is not None:
+            enc = trim_trailing(enc, pooled_past)
+        nodes = prefix_tree(enc, min_shared=page_size) if share_prefix else no_sharing(enc)
+        nodes = split_long(nodes, max_pages * page_size)
+        counts.total += int(enc.lengths.sum())
+        counts.computed += sum(node.length for node in nodes)
+        for group in _groups(nodes, CACHE_BATCHES * max_pages * page_size, page_size):
+            done = _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_pages, pad_token_id,
+                              batch_size)
+            bar.update(done)
 
 
 def trim_trailing(enc: Encodings, token: int) -> Encodings:

@@ -37,6 +37,11 @@ class PageAllocator:
         self.refs[pages] = 1
         return pages
 
+    def reset(self) -> None:
+        """Every page free again: after a run that was interrupted before it let its pages go."""
+        self.refs[:] = 0
+        self.free = deque(range(self.pages))
+
     def share(self, pages: list[int]) -> None:
         """One more page table holds ``pages``."""
         assert (self.refs[pages] > 0).all(), pages

@@ -45,15 +45,24 @@ def resolve(model_name_or_path: str | os.PathLike) -> Path:
             return Path(snapshot_download(str(model_name_or_path), allow_patterns=_FILES, local_files_only=local_files_only))
         except Exception as err:  # noqa: BLE001 (not found, no network, not a valid id: each is reported alike)
             error = error or err
+    offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
     raise ValueError(
         f"{str(model_name_or_path)!r} is neither a local model directory nor a hub id that could be "
-        f"downloaded or found in the huggingface_hub cache ({type(error).__name__}: {error})"
+        f"downloaded{offline} or found in the huggingface_hub cache ({type(error).__name__}: {error}). To load a "
+        "model without the hub, pass the path of its directory (config.json, model.safetensors and the tokenizer's "
+        "files), e.g. one saved by CrossEncoder.save_pretrained or fetched once with huggingface_hub.snapshot_download"
     ) from error
 
 
 def load_config(path: Path, trust_remote_code: bool = False, **config_kwargs) -> PretrainedConfig:
     """The model's config, with a CrossEncoder save's config arguments (``config_kwargs``) as CrossEncoder applies them."""
-    return AutoConfig.from_pretrained(path, **config_kwargs, trust_remote_code=trust_remote_code)
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"no config.json in {path}: expected a model directory (config.json, model.safetensors and "
+                         "the tokenizer's files)")
+    try:
+        return AutoConfig.from_pretrained(path, **config_kwargs, trust_remote_code=trust_remote_code)
+    except OSError as err:  # transformers' word for an unreadable file
+        raise ValueError(f"{Path(path) / 'config.json'} could not be read: {err}") from err
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -118,9 +127,13 @@ def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     files = checkpoint_files(path)
     tensors = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except Exception as err:  # safetensors' own errors name neither the file nor a remedy
+            raise ValueError(f"{file} is not a readable safetensors file ({type(err).__name__}: {err}): it is "
+                             "truncated (an interrupted download?) or corrupt; download or save it again") from err
     return tensors
 
 
@@ -140,16 +153,17 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     tensors = {_canonical(k): v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
     missing = sorted(set(params) - set(tensors))
     unused = sorted(set(tensors) - set(params))
-    if missing:
-        raise ValueError(
-            f"checkpoint does not match {type(model).__name__}: missing {missing[:8]}{'...' if len(missing) > 8 else ''}"
-        )
+    shapes = [f"{name}: checkpoint {tuple(tensors[name].shape)}, config {tuple(param.shape)}"
+              for name, param in params.items() if name in tensors and tuple(param.shape) != tuple(tensors[name].shape)]
+    if missing or shapes:
+        few = lambda items: f"{items[:8]}{f' and {len(items) - 8} more' if len(items) > 8 else ''}"
+        problems = ([f"missing tensors {few(missing)}"] if missing else []) + (
+            [f"tensors whose shapes differ from the config's {few(shapes)}"] if shapes else [])
+        raise ValueError(f"the checkpoint does not match its config.json ({type(model).__name__}): "
+                         + "; ".join(problems))
     if unused:
         logger.warning("checkpoint tensors not used by %s: %s", type(model).__name__, ", ".join(unused[:16]))
         tensors = {k: v for k, v in tensors.items() if k in params}
-    for name, param in params.items():
-        if tuple(param.shape) != tuple(tensors[name].shape):
-            raise ValueError(f"{name}: checkpoint shape {tuple(tensors[name].shape)} != module shape {tuple(param.shape)}")
     model.load_state_dict(tensors, strict=False, assign=True)
 
 

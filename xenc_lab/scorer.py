@@ -2,20 +2,24 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import numbers
+import operator
 import os
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from . import settings
 from .chat import ChatPairTokenizer, pair_tokenizer, score_tokens
 from .config import ScorerConfig, resolve_device, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
 from .decoder_engine import TokenCounts, run_decoder_pairs
-from .engine import run_pairs
+from .engine import WINDOW, run_pairs
 from .kv_cache import KVCache
 from .loader import architecture_of, is_decoder, load_config, load_model, position_limit, resolve
 from .pages import pages_for
@@ -24,6 +28,9 @@ from .scores import default_activation, to_scores
 from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
                       split_pairs)
 from .st_format import processing_max_length, read_cross_encoder_save
+
+
+STREAM_BLOCK = 16 * WINDOW  # pairs of an iterator taken at a time
 
 
 class Scorer:
@@ -100,6 +107,9 @@ class Scorer:
         # transformers' sequence classifiers read the last token that is not the pad id
         pad = self.hf_config.pad_token_id
         self._pooled_past = pad if self.decoder and not self.architecture.endswith("ForCausalLM") else None
+        # One call at a time: a fast tokenizer shared by threads raises "Already borrowed", and a decoder's KV cache
+        # is the Scorer's own. The model uses every core already, so threads lose nothing by taking turns.
+        self._lock = threading.RLock()
 
     def _check_share_prefix(self, share_prefix) -> bool:
         """None: on for decoders (off for encoders, whose tokens all attend to each other: no prefix is computed
@@ -226,15 +236,34 @@ class Scorer:
         decoder's chat template places it, as a system message); ``max_length`` (checked by the caller) truncates
         the pairs instead of the Scorer's own."""
         text_1, text_2 = split_pairs(list(pairs))
-        cfg = self.config
         show = len(text_1) >= 2048 if show_progress_bar is None else show_progress_bar
+        with self._lock:
+            self.token_counts = TokenCounts()
+            return self._run(text_1, text_2, batch_size, show, prompt, max_length)
+
+    def _streamed_logits(self, pairs: Iterable, batch_size, show_progress_bar, prompt, max_length) -> torch.Tensor:
+        """``logits`` of an iterator of pairs, taken in blocks of STREAM_BLOCK: memory holds one block's texts, not
+        the input's. A bad pair is reported by its place in the whole input."""
+        it, parts, done = iter(pairs), [], 0
+        show = {"disable": False, "delay": 1.0} if show_progress_bar is None else {"disable": not show_progress_bar}
+        with self._lock, tqdm(total=operator.length_hint(pairs) or None, desc="Scoring pairs", unit="pair",
+                              **show) as bar:
+            self.token_counts = TokenCounts()
+            while block := list(itertools.islice(it, STREAM_BLOCK)):
+                text_1, text_2 = split_pairs(block, start=done)
+                parts.append(self._run(text_1, text_2, batch_size, False, prompt, max_length))
+                done += len(block)
+                bar.update(len(block))
+        return torch.cat(parts) if parts else torch.empty(0, self.num_labels)
+
+    def _run(self, text_1, text_2, batch_size, show, prompt, max_length) -> torch.Tensor:
+        cfg = self.config
         tokenize = self.tokenizer
         if isinstance(tokenize, ChatPairTokenizer):
             tokenize = functools.partial(tokenize, prompt=prompt or None)
         elif prompt:
             text_1 = [prompt + t for t in text_1]
         if self.decoder:
-            self.token_counts = TokenCounts()
             return run_decoder_pairs(
                 tokenize, self.runner, self.kv_cache, text_1, text_2, num_labels=self.num_labels,
                 page_size=cfg.page_size, max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id,
@@ -290,8 +319,13 @@ class Scorer:
         if isinstance(pairs, np.ndarray) and pairs.ndim == 0:
             raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got a 0-d array {pairs!r}")
         single = is_single_pair(pairs)
-        pairs = [pairs] if single else list(pairs)
-        logits = self.logits(pairs, batch_size, show_progress_bar, prompt, max_length)
+        if single:
+            split_pairs([pairs], single=True)  # a bad pair passed alone is named "pairs"
+            logits = self.logits([pairs], batch_size, show_progress_bar, prompt, max_length)
+        elif isinstance(pairs, Sized):
+            logits = self.logits(list(pairs), batch_size, show_progress_bar, prompt, max_length)
+        else:  # an iterator or generator: consumed block by block
+            logits = self._streamed_logits(pairs, batch_size, show_progress_bar, prompt, max_length)
         scores = to_scores(logits, self.activation_fn if activation_fn is None else activation_fn, apply_softmax)
         if single:
             scores = scores[0]
@@ -355,6 +389,8 @@ class Scorer:
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
                 raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
+            if top_k < 1:
+                raise ValueError(f"top_k must be a positive int or None (all documents), got {top_k}")
             top_k = int(top_k)
         check_flags(return_documents=return_documents)
         self._check_call_device(device)

@@ -15,17 +15,25 @@ def is_single_pair(inputs) -> bool:
     return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and not isinstance(inputs[0], (list, tuple, np.ndarray))
 
 
-def split_pairs(pairs: list) -> tuple[list[str], list[str]]:
+def _shown(value) -> str:
+    return f"{type(value).__name__} ({reprlib.repr(value)})"
+
+
+def split_pairs(pairs: list, single: bool = False, start: int = 0) -> tuple[list[str], list[str]]:
+    """The two text lists of a list of pairs, or a ValueError/TypeError naming the first bad element by its place
+    (``pairs[17][1]``; ``start``: the place of ``pairs[0]`` in the caller's input; ``single``: the pairs are one pair
+    the caller passed alone, named ``pairs``)."""
     text_1, text_2 = [], []
-    for i, pair in enumerate(pairs):
+    for i, pair in enumerate(pairs, start):
+        where = "pairs" if single else f"pairs[{i}]"
         sized = isinstance(pair, (list, tuple)) or (isinstance(pair, np.ndarray) and pair.ndim > 0)
         if not sized or len(pair) != 2:
-            got = f"{type(pair).__name__} of length {len(pair)}" if sized else f"{type(pair).__name__} {reprlib.repr(pair)}"
-            raise ValueError(f"pair {i}: expected a (text_1, text_2) pair of two str, got {got}")
+            got = f"a {type(pair).__name__} of length {len(pair)}" if sized else _shown(pair)
+            raise ValueError(f"{where} is {got}; expected a (text_1, text_2) pair of two str")
         a, b = pair
-        for side, text in ((1, a), (2, b)):
+        for side, text in ((0, a), (1, b)):
             if not isinstance(text, str):
-                raise TypeError(f"pair {i}: text_{side} must be str, got {type(text).__name__}")
+                raise TypeError(f"{where}[{side}] is {_shown(text)}; expected str (text_{side + 1})")
         text_1.append(a)
         text_2.append(b)
     return text_1, text_2

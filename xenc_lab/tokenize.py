@@ -160,7 +160,14 @@ def load_tokenizer(
         kwargs["model_max_length"], source = save.max_seq_length, f"{save.module_config}'s max_seq_length"
     if max_length is not None:
         kwargs["model_max_length"], source = max_length, None
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 (a missing, empty or corrupt file raises anything, JSON errors up)
+        if isinstance(err, ImportError) or "trust_remote_code" in str(err):
+            raise
+        raise ValueError(f"could not load the tokenizer from {path} ({type(err).__name__}: {err}): its files are "
+                         "missing, empty or corrupt; copy the tokenizer's files into the model folder") from err
+    check_vocabulary(tokenizer, path)
     if "model_max_length" not in kwargs:
         source = "the tokenizer's model_max_length"
         max_positions = getattr(config, "max_position_embeddings", -1)
@@ -178,6 +185,18 @@ def load_tokenizer(
     if save.text_max_length is not None and max_length is None:
         cut, source = save.text_max_length, f"{save.module_config}'s processing_kwargs"
     return tokenizer, cut, source
+
+
+def check_vocabulary(tokenizer, path) -> None:
+    """Refuse a tokenizer whose vocabulary is its special tokens alone: what transformers builds from a folder without
+    tokenizer files, which turns every text into [UNK] (sentence-transformers scores on with it)."""
+    specials = set(tokenizer.all_special_tokens)
+    if len(tokenizer) <= len(specials) + 1:
+        raise ValueError(
+            f"the tokenizer loaded from {path} has {len(tokenizer)} tokens, all special ({sorted(specials)}): its "
+            "files (tokenizer.json, or vocab.txt / vocab.json and merges.txt / a sentencepiece .model) are missing or "
+            "empty, and every text would become the unknown token. Copy the tokenizer's files into the model folder"
+        )
 
 
 def force_lowercase(tokenizer) -> None:
