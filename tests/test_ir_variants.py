@@ -67,3 +67,25 @@ def test_report_command_refuses_an_unknown_part(capsys):
     with pytest.raises(SystemExit):
         main(["report", "speed"])
     assert "unknown report part(s) ['speed']" in capsys.readouterr().err
+
+
+def test_scores_frame_holds_each_variants_rescored_pairs_in_the_baselines_order(experiment):
+    _, _, result = experiment
+    scores = result.scores()
+    assert list(scores.columns) == list(VARIANTS) and not scores.isna().any().any()
+    base = result.head("fp32")
+    assert list(scores.index) == list(zip(base["qid"], base["docno"]))
+    assert scores["fp32"].tolist() == base["score"].tolist()
+
+
+def test_a_query_has_a_swapped_neighbor_pair_exactly_where_its_order_changed(experiment):
+    _, _, result = experiment
+    taus = result.taus(k=5)
+    assert (taus["fp32"].dropna() == 1).all()
+    for name in VARIANTS:
+        swaps = result.neighbor_swaps(name)
+        assert set(swaps.columns) == {"qid", "docno", "below", "gap", "tied", "swapped"} and (swaps["gap"] >= 0).all()
+        changed = swaps.groupby("qid")["swapped"].any()
+        assert (changed == (taus[name].reindex(changed.index) < 1)).all(), name
+    assert not result.neighbor_swaps("fp32")["swapped"].any()
+    assert result.neighbor_swaps("short")["swapped"].any()  # the test can fail: max_length=24 reorders

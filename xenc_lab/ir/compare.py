@@ -18,6 +18,15 @@ def _positions(run):
     return frame.assign(pos=frame.groupby("qid", sort=False).cumcount() + 1)[["qid", "docno", "pos"]]
 
 
+def _tau(a, b) -> float:
+    """Kendall's tau-b; exactly 1 for the same order (scipy's arithmetic leaves 1 - 2e-16)."""
+    if len(a) < 2:
+        return np.nan
+    from scipy import stats
+
+    return 1.0 if np.array_equal(np.argsort(a), np.argsort(b)) else float(stats.kendalltau(a, b).statistic)
+
+
 def compare_rankings(run_a, run_b, k: int = 10):
     """Per-query differences of run b from run a (paths or DataFrames) over the queries both hold: a DataFrame
     indexed by qid (sorted) with columns
@@ -33,7 +42,6 @@ def compare_rankings(run_a, run_b, k: int = 10):
 
     Queries only one run holds are left out with a warning giving the counts."""
     import pandas as pd
-    from scipy import stats
 
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
@@ -61,7 +69,7 @@ def compare_rankings(run_a, run_b, k: int = 10):
         shifts = np.abs(pb_or_past[top_a] - pa[top_a])
         rows[qid] = {
             "shared": int(shared.sum()),
-            "kendall_tau": stats.kendalltau(pa[shared], pb[shared]).statistic if shared.sum() >= 2 else np.nan,
+            "kendall_tau": _tau(pa[shared], pb[shared]),
             f"overlap@{k}": (top_a & top_b).sum() / min(k, in_a.sum(), in_b.sum()),
             f"same_top_{k}": bool(top_a.sum() == top_b.sum() and np.array_equal(pa[top_a], pb[top_a])),
             f"mean_shift@{k}": shifts.mean(),

@@ -27,9 +27,33 @@ class Variants:
     depth: int
     seconds: dict = field(default_factory=dict)
 
-    def _head(self, name):
+    def head(self, name: str):
+        """A variant's run cut to the rescored candidates (rank <= depth)."""
         run = self.runs[name]
-        return run[run["rank"] <= self.depth].set_index(["qid", "docno"])["score"]
+        return run[run["rank"] <= self.depth]
+
+    def _head(self, name):
+        return self.head(name).set_index(["qid", "docno"])["score"]
+
+    def scores(self):
+        """The rescored pairs' scores, one column per variant, indexed by (qid, docno) in the baseline's order."""
+        import pandas as pd
+
+        return pd.DataFrame({name: self._head(name) for name in self.runs}).reindex(self._head(self.baseline).index)
+
+    def neighbor_swaps(self, name: str):
+        """Each rescored document and the one after it in the baseline's ranking (qid, docno, below), the baseline's
+        score gap between them, whether ``name`` scores them equal (``tied``) and whether it ranks them the other way
+        round (``swapped``, ties read as trec_eval reads them: docno descending). Swaps where ``gap`` is below the
+        variant's score error are near-ties changing places."""
+        head, other = self.head(self.baseline), self._head(name)
+        pairs = head.assign(below=head.groupby("qid")["docno"].shift(-1),
+                            gap=head.groupby("qid")["score"].diff(-1)).dropna(subset=["below"])
+        index = lambda column: list(zip(pairs["qid"], pairs[column]))
+        above, below = other.reindex(index("docno")).to_numpy(), other.reindex(index("below")).to_numpy()
+        tied = above == below
+        swapped = (above < below) | (tied & (pairs["below"] > pairs["docno"]).to_numpy())
+        return pairs[["qid", "docno", "below", "gap"]].assign(tied=tied, swapped=swapped).reset_index(drop=True)
 
     def score_deltas(self):
         """Per variant, |score - baseline score| over the rescored pairs: max, mean, 99th percentile, the share of
@@ -45,12 +69,22 @@ class Variants:
                           "baseline std": base.std()}
         return pd.DataFrame(rows).T
 
-    def rankings(self, k: int = 10):
-        """Per variant, ``summarize_comparison`` of its ranking against the baseline's."""
+    def taus(self, k: int = 10):
+        """Per query and variant, Kendall's tau against the baseline over the rescored candidates."""
         import pandas as pd
 
-        return pd.DataFrame({name: summarize_comparison(compare_rankings(self.runs[self.baseline], run, k=k))
-                             for name, run in self.runs.items()}).T
+        return pd.DataFrame({name: compare_rankings(self.head(self.baseline), self.head(name), k=k)["kendall_tau"]
+                             for name in self.runs})
+
+    def rankings(self, k: int = 10, whole: bool = False):
+        """Per variant, ``summarize_comparison`` of its ranking against the baseline's: over the rescored
+        candidates, or with ``whole=True`` over the whole runs (whose tails keep the first stage's order in every
+        variant, which lifts tau)."""
+        import pandas as pd
+
+        cut = (lambda name: self.runs[name]) if whole else self.head
+        return pd.DataFrame({name: summarize_comparison(compare_rankings(cut(self.baseline), cut(name), k=k))
+                             for name in self.runs}).T
 
     def metrics(self, qrels, measures=("nDCG@10", "RR@10"), trials: int = 10000):
         """Per variant and measure: the value, its change from the baseline and the paired tests' p-values."""
