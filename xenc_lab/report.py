@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # a clone's root: parity_tests/ and notebooks/ live there
-PARTS = ("parity", "throughput", "decoder", "precision", "notebooks")
+PARTS = ("parity", "throughput", "decoder", "precision", "memory", "notebooks")
 
 
 def add_parser(sub) -> None:
@@ -22,6 +23,7 @@ def add_parser(sub) -> None:
                                    "parity (pytest parity_tests: reports/parity.md), throughput (bench --memory), "
                                    "decoder (bench --decoder), precision (fp32 against bf16, compile and a shorter "
                                    "max_length, on scores, rankings and metrics: precision.md and precision.png), "
+                                   "memory (a million pairs streamed through predict: memory.md), "
                                    "and notebooks (each executed and saved with its outputs). Needs a clone of the "
                                    "repository (parity_tests/, notebooks/).")
     p.add_argument("parts", nargs="*", default=None, metavar="PART",
@@ -120,6 +122,49 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
     return out / "precision.md"
 
 
+def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
+    """reports/memory.md: resident memory while a generator of short pairs streams through ``predict``, 10,000
+    against 1,000,000 pairs on a tiny random BERT with MiniLM's tokenizer (the engine's own memory, at the speed of
+    tokenization), and 10,000 against 100,000 on the MiniLM-L6 cross-encoder."""
+    from .bench.memory import stream_memory_mb
+    from .bench.report import machine
+    from .zoo import minilm_cross_encoder
+
+    sys.path.insert(0, str(_need(ROOT / "parity_tests").parent))
+    from parity_tests.zoo import build_tiny
+
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {"tiny BERT (2 layers, 48 wide)": (build_tiny(Path(tmp)), (10_000, 1_000_000)),
+                  "MiniLM-L6 cross-encoder": (minilm_cross_encoder(), (10_000, 100_000))}
+        rows = []
+        for name, (path, sizes) in models.items():
+            for n in sizes:
+                probe = stream_memory_mb(n, path)
+                print(f"   {name}, {n:,} pairs: {probe}", flush=True)
+                rows.append(f"| {name} | {n:,} | {probe['loaded_rss']:.0f} | {probe['peak_rss']:.0f} | "
+                            f"{probe['peak_rss'] - probe['loaded_rss']:+.1f} | {probe['seconds']:,.0f} | "
+                            f"{probe['max_abs_delta_in_place']:.1e} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory.md").write_text("\n".join([
+        "# Memory: a million pairs through predict",
+        "",
+        f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
+        "",
+        ("A fresh process per row scores a generator of short pairs (4,096 distinct pairs over and over, 10-20 "
+         "tokens a side) with `Scorer.predict`, in fp32. `held` is its resident memory with the model loaded and "
+         "warmed up; `peak` the kernel's high-water mark while scoring, reset before it; the scores' array itself "
+         "is 4 bytes a pair. `max abs delta in place` compares every score with its pair's own score from one call on "
+         "the distinct pairs: each is where it belongs. `seconds` is for orientation, not a benchmark: "
+         f"the load average was {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs when the report was written."),
+        "",
+        "| model | pairs | held (MB) | peak (MB) | peak - held (MB) | seconds | max abs delta in place |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]))
+    return out / "memory.md"
+
+
 def notebooks(out: Path) -> None:
     """Each notebook executed top to bottom and saved in place with its outputs."""
     import nbformat
@@ -144,6 +189,7 @@ def run_command(args: argparse.Namespace) -> int:
         "throughput": lambda: throughput(out),
         "decoder": lambda: decoder(out),
         "precision": lambda: print(f"wrote {precision(out, args.queries, command=command)}"),
+        "memory": lambda: print(f"wrote {memory(out, command=command)}"),
         "notebooks": lambda: notebooks(out),
     }
     for part in parts:

@@ -46,6 +46,43 @@ def _probe(path, n, workload, dtype, device, max_batch_tokens, threads) -> dict:
     return out
 
 
+def _stream_probe(path, n, dtype, threads, distinct: int = 4096) -> dict:
+    """Scores a generator of ``n`` short pairs (``distinct`` pairs over and over, so that every score can be checked
+    in place against the distinct pairs' own) and reports resident memory as ``_probe`` does."""
+    import time
+
+    import numpy as np
+
+    from ..scorer import Scorer
+    from .workloads import make_pairs
+
+    torch.set_num_threads(threads)
+    scorer = Scorer(path, device="cpu", dtype=dtype)
+    base = [(q[:60], d[:120]) for q, d in make_pairs("short", distinct, seed=5)]
+    want = scorer.predict(base, show_progress_bar=False)
+    out = {"loaded_rss": _status("VmRSS"), "input_rss": _status("VmRSS")}
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = time.perf_counter()
+    got = scorer.predict((base[i % distinct] for i in range(n)), show_progress_bar=False)
+    out["seconds"] = time.perf_counter() - start
+    out["peak_rss"] = _status("VmHWM")
+    out["max_abs_delta_in_place"] = float(np.abs(got - np.resize(want, n)).max())
+    out["scores"] = len(got)
+    return out
+
+
+def stream_memory_mb(n_pairs: int, model_path, dtype: str = "float32", threads: int | None = None) -> dict:
+    """``_stream_probe`` in a fresh process (Linux: it reads /proc): resident memory when ``n_pairs`` short pairs
+    stream through ``Scorer.predict`` from a generator, the peak over what the process held before, and the largest
+    difference between a score and its pair's own score (every score in its place)."""
+    import subprocess
+
+    args = json.dumps(["stream", str(model_path), n_pairs, dtype, threads or torch.get_num_threads()])
+    out = subprocess.run([sys.executable, "-m", "xenc_lab.bench.memory", args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def peak_memory_mb(
     n_pairs: int,
     model_path=None,
@@ -92,4 +129,5 @@ def memory_note(small: dict, large: dict, dtype: str, device: str, sizes: tuple[
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe(*json.loads(sys.argv[1]))))
+    args = json.loads(sys.argv[1])
+    print(json.dumps(_stream_probe(*args[1:]) if args[0] == "stream" else _probe(*args)))
