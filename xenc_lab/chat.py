@@ -288,21 +288,28 @@ class ChatPairTokenizer:
         max_length = self.max_length if max_length is None else max_length
         assert max_length >= 1, max_length
         prompt = prompt or None
-        conversations = [self.messages(a, b, prompt) for a, b in zip(text_1, text_2)]
-        rows = self._encode(self.render(conversations)) if conversations else []
-        from_left = self.tokenizer.truncation_side == "left"
+        conversations, rows = self.rendered(text_1, text_2, prompt)
         suffix = self.suffix(prompt) if self.restore_suffix else []
-        for i, ids in enumerate(rows):
-            if len(ids) > max_length:
-                ids = rows[i] = ids[len(ids) - max_length :] if from_left else ids[:max_length]
-            if len(ids) >= max_length and suffix and self._text_only(conversations[i]):
-                keep = min(len(suffix), len(ids))
-                ids[len(ids) - keep :] = suffix[len(suffix) - keep :]
-        enc = Encodings.from_rows(rows)
+        enc = Encodings.from_rows([self.cut(ids, max_length, suffix, c) for ids, c in zip(rows, conversations)])
         if self.emits_token_type_ids:
             enc.type_ids = np.zeros_like(enc.ids)
         return enc
 
-    def _text_only(self, conversation: list[dict]) -> bool:
+    def rendered(self, text_1: list[str], text_2: list[str], prompt: str | None) -> tuple[list, list[list[int]]]:
+        """The pairs' conversations and the ids of their whole renders (before truncation)."""
+        conversations = [self.messages(a, b, prompt) for a, b in zip(text_1, text_2)]
+        return conversations, self._encode(self.render(conversations)) if conversations else []
+
+    def cut(self, ids: list[int], max_length: int, suffix: list[int], conversation: list[dict]) -> list[int]:
+        """A render's ids cut to ``max_length`` on the truncation side; a row that reached it ends in ``suffix`` (the
+        template's, [] where none is restored) unless the conversation has a non-text part."""
+        if len(ids) > max_length:
+            ids = ids[len(ids) - max_length :] if self.tokenizer.truncation_side == "left" else ids[:max_length]
+        if len(ids) >= max_length and suffix and self.text_only(conversation):
+            keep = min(len(suffix), len(ids))
+            ids = ids[: len(ids) - keep] + suffix[len(suffix) - keep :]
+        return ids
+
+    def text_only(self, conversation: list[dict]) -> bool:
         """sentence-transformers restores no suffix on a row with a non-text content part (a text taken for media)."""
         return self.format == "flat" or all(part["type"] == "text" for m in conversation for part in m["content"])

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What a pair whose text_2 overflows max_length is scored by: its truncated tokens, or the max, mean or first of its
+# windows' scores (docs/sentence-transformers.md#long-documents).
+LONG_DOCUMENTS = ("truncate", "max", "mean", "first")
 
 
 @dataclass(slots=True)
@@ -19,6 +22,8 @@ class ScorerConfig:
     max_batch_tokens: int = 4096  # the page budget of one batch, in tokens
     compile: bool = False
     trust_remote_code: bool = False
+    long_documents: str = "truncate"  # or "max", "mean", "first": text_2 scored in windows, the scores aggregated
+    window_stride: int | None = None  # tokens between windows' starts; None: half a window
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -35,6 +40,8 @@ class ScorerConfig:
             )
         if self.max_length is not None:
             self.max_length = whole_number("max_length", self.max_length, minimum=2, optional=True)
+        self.long_documents = long_documents_mode(self.long_documents)
+        self.window_stride = stride_of(self.window_stride)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -55,6 +62,21 @@ def whole_number(name: str, value, minimum: int = 1, optional: bool = False) -> 
     return int(value)
 
 
+def long_documents_mode(mode) -> str:
+    """``mode`` checked against ``LONG_DOCUMENTS``: TypeError for a value that is not a str, ValueError for another."""
+    if not isinstance(mode, str):
+        raise TypeError(f"long_documents must be one of {', '.join(map(repr, LONG_DOCUMENTS))}, got {mode!r} "
+                        f"({type(mode).__name__})")
+    if mode not in LONG_DOCUMENTS:
+        raise ValueError(f"long_documents must be one of {', '.join(map(repr, LONG_DOCUMENTS))}, got {mode!r}")
+    return mode
+
+
+def stride_of(stride) -> int | None:
+    """A window stride in tokens (an int >= 1), or None for half a window."""
+    return None if stride is None else whole_number("window_stride", stride, optional=True)
+
+
 def resolve_device(device) -> torch.device:
     """A device xenc_lab runs on: the CPU, or a CUDA GPU that torch can see."""
     if not isinstance(device, (str, torch.device)):
@@ -71,3 +93,30 @@ def resolve_device(device) -> torch.device:
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device {str(resolved)!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return resolved
+
+
+def check_call_device(own: torch.device, device) -> None:
+    """CrossEncoder.predict's ``device``: here only the Scorer's own, ``own`` (None, or the same device)."""
+    if device is None:
+        return
+    if isinstance(device, (list, tuple)):
+        raise TypeError(f"device must be one device, the Scorer's ({own}): xenc_lab does not spread a call "
+                        f"over several; got {device!r}")
+    wanted = resolve_device(device)
+    index = lambda d: d.index if d.index is not None or d.type != "cuda" else torch.cuda.current_device()
+    if (wanted.type, index(wanted)) != (own.type, index(own)):
+        raise ValueError(f"device={str(device)!r}: this Scorer runs on {own}; build a Scorer with "
+                         f"device={str(device)!r} to score there")
+
+
+def share_prefix_of(share_prefix, decoder: bool, architecture: str) -> bool:
+    """None: on for decoders (off for encoders, whose tokens all attend to each other: no prefix is computed once);
+    False: off (for measurement); True on an encoder is refused."""
+    if share_prefix is not None and not isinstance(share_prefix, bool):
+        raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
+    if share_prefix and not decoder:
+        raise ValueError(
+            f"share_prefix=True needs a decoder reranker (causal attention: a shared prefix is computed once); "
+            f"{architecture} is an encoder, whose every token attends to every other. Leave share_prefix unset (None)"
+        )
+    return decoder if share_prefix is None else share_prefix

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .chunks import Chunk, pack_chunks
-from .engine import tokenized_windows
+from .engine import gathered, run_order, tokenized_windows
 from .kv_cache import KVCache
 from .pages import pages_for
 from .prefix import Node, no_sharing, prefix_tree, split_long
@@ -81,36 +81,48 @@ def run_decoder_pairs(
     show_progress_bar: bool = False,
     counts: TokenCounts | None = None,
     pooled_past: int | None = None,
-) -> torch.Tensor:
-    """(N, num_labels) float32 logits of the pairs on the CPU, in the caller's order. ``counts`` (if given) adds up
-    the tokens scored and computed. ``pooled_past``: a token id that a pair's logits are read before (transformers'
-    sequence classifiers read the last token that is not the pad id): trailing runs of it are dropped, which under
-    causal attention changes nothing before them."""
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """(rows, num_labels) float32 logits on the CPU, in the caller's order, and the pair each row scores (None: row i
+    is pair i), as ``engine.run_pairs`` returns them. ``counts`` (if given) adds up the tokens scored and computed.
+    ``pooled_past``: a token id that a pair's logits are read before (transformers' sequence classifiers read the last
+    token that is not the pad id): trailing runs of it are dropped, which under causal attention changes nothing
+    before them."""
     n = len(text_1)
-    out = torch.empty(n, num_labels, dtype=torch.float32, device=runner.device)
+    parts, owners = [], []
     counts = counts if counts is not None else TokenCounts()
     with tqdm(total=n, desc="Scoring pairs", unit="pair", disable=not show_progress_bar) as bar:
         try:
-            _run_windows(tokenize, runner, cache, text_1, text_2, out, bar, counts, page_size, max_pages, pad_token_id,
-                         share_prefix, batch_size, max_length, pooled_past)
+            for start, enc in tokenized_windows(tokenize, text_1, text_2, max_length):
+                if pooled_past is not None:
+                    enc = trim_trailing(enc, pooled_past)
+                parts.append(_run_window(enc, runner, cache, bar, counts, num_labels, page_size, max_pages,
+                                         pad_token_id, share_prefix, batch_size))
+                owners.append(None if enc.owner is None else enc.owner + start)
         finally:  # an interrupted run leaves no page held: the next call starts from an empty cache
             cache.allocator.reset()
-    return out.cpu()
+    return gathered(parts, owners, num_labels)
 
 
-def _run_windows(tokenize, runner, cache, text_1, text_2, out, bar, counts, page_size, max_pages, pad_token_id,
-                 share_prefix, batch_size, max_length, pooled_past) -> None:
-    for start, enc in tokenized_windows(tokenize, text_1, text_2, max_length):
-        if pooled_past is not None:
-            enc = trim_trailing(enc, pooled_past)
-        nodes = prefix_tree(enc, min_shared=page_size) if share_prefix else no_sharing(enc)
+def _run_window(enc, runner, cache, bar, counts, num_labels, page_size, max_pages, pad_token_id, share_prefix,
+                batch_size) -> torch.Tensor:
+    """(rows, num_labels) logits of one window of pairs on the model's device, its rows in the order
+    ``engine.run_order`` runs them."""
+    out = torch.empty(len(enc), num_labels, dtype=torch.float32, device=runner.device)
+    last = enc.last_rows()  # a pair is done when its last window is
+    for rows, part in run_order(enc):
+        nodes = prefix_tree(part, min_shared=page_size) if share_prefix else no_sharing(part)
         nodes = split_long(nodes, max_pages * page_size)
-        counts.total += int(enc.lengths.sum())
+        counts.total += int(part.lengths.sum())
         counts.computed += sum(node.length for node in nodes)
+        scored = out if rows is None else torch.empty(len(part), num_labels, dtype=torch.float32,
+                                                        device=runner.device)
         for group in _groups(nodes, CACHE_BATCHES * max_pages * page_size, page_size):
-            done = _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_pages, pad_token_id,
-                              batch_size)
-            bar.update(done)
+            leaves = _run_group(part, nodes, group, runner, cache, scored, page_size, max_pages, pad_token_id,
+                                batch_size)
+            bar.update(int(last[leaves if rows is None else rows[leaves]].sum()))
+        if rows is not None:
+            out[torch.from_numpy(rows).to(runner.device)] = scored
+    return out
 
 
 def trim_trailing(enc: Encodings, token: int) -> Encodings:
@@ -124,11 +136,12 @@ def trim_trailing(enc: Encodings, token: int) -> Encodings:
     keep = np.concatenate([np.arange(a, b) for a, b in zip(enc.offsets[:-1], ends)])
     offsets = np.zeros_like(enc.offsets)
     np.cumsum(ends - enc.offsets[:-1], out=offsets[1:])
-    return Encodings(enc.ids[keep], None, offsets)
+    return Encodings(enc.ids[keep], None, offsets, enc.owner)
 
 
-def _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_pages, pad_token_id, batch_size) -> int:
-    """Run one group of subtrees: shared nodes level by level into the cache, then the leaves; returns its pairs."""
+def _run_group(enc, nodes, group, runner, cache, out, page_size, max_pages, pad_token_id, batch_size) -> np.ndarray:
+    """Run one group of subtrees: shared nodes level by level into the cache, then the leaves; returns the rows it
+    scored."""
     ids = lambda node: enc.ids[enc.offsets[node.seq] + node.start : enc.offsets[node.seq] + node.stop]
     shared = [i for i in group if nodes[i].pair < 0]
     leaves = [i for i in group if nodes[i].pair >= 0]
@@ -150,15 +163,15 @@ def _run_group(enc, nodes, group, runner, cache, out, start, page_size, max_page
     for level in sorted({nodes[i].level for i in shared}):
         chunks = [Chunk(ids(nodes[i]), context[i], cache.slots_of(pages[i], nodes[i].length))
                   for i in shared if nodes[i].level == level]
-        _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, None, 0)
+        _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, None)
     chunks = [Chunk(ids(nodes[i]), context[i], None, nodes[i].pair) for i in leaves]
-    _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out, start)
+    _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out)
     for i in leaves:
         if table[i]:
             cache.allocator.release(table[i])
     for i in shared:
         cache.allocator.release(pages[i])
-    return len(leaves)
+    return np.array([nodes[i].pair for i in leaves], dtype=np.int64)
 
 
 def _bucketed_tokens(tokens: int, runner: ModelRunner, page_size: int, max_pages: int) -> int | None:
@@ -172,7 +185,7 @@ def _bucketed_tokens(tokens: int, runner: ModelRunner, page_size: int, max_pages
     return min(-(-tokens // step) * step, max_pages * page_size)
 
 
-def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out, start) -> None:
+def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out) -> None:
     """Run ``chunks`` in batches under the token budget; logits of the chunks that end pairs go to ``out``."""
     if not chunks:
         return
@@ -186,5 +199,5 @@ def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch
                             layout="varlen" if runner.choices.attention == "varlen" else "padded")
         logits = runner(batch, cached)
         if out is not None:
-            rows = torch.from_numpy(batch.pairs + np.int64(start)).to(runner.device, non_blocking=True)
+            rows = torch.from_numpy(batch.pairs).to(runner.device, non_blocking=True)
             out[rows] = logits.float()

@@ -16,18 +16,19 @@ from tqdm.auto import tqdm
 
 from . import settings
 from .chat import ChatPairTokenizer, pair_tokenizer, score_tokens
-from .config import ScorerConfig, resolve_device, whole_number
+from .config import ScorerConfig, check_call_device, resolve_device, share_prefix_of, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
 from .decoder_engine import TokenCounts, run_decoder_pairs
-from .engine import WINDOW, run_pairs
+from .engine import WINDOW, gathered, run_pairs
 from .kv_cache import KVCache
 from .loader import architecture_of, is_decoder, load_config, load_model, position_limit, resolve
 from .pages import pages_for
 from .runner import ModelRunner
 from .scores import default_activation, to_scores
 from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
-                      split_pairs)
+                      resolve_prompt, split_pairs, vllm_pairs)
 from .st_format import processing_max_length, read_cross_encoder_save
+from .windows import call_mode, check_supported, pair_scores, windowed_pairs
 
 
 STREAM_BLOCK = 16 * WINDOW  # pairs of an iterator taken at a time
@@ -53,6 +54,8 @@ class Scorer:
         activation_fn: Callable | None = None,
         trust_remote_code: bool = False,
         share_prefix: bool | None = None,
+        long_documents: str = "truncate",
+        window_stride: int | None = None,
     ):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,6 +73,8 @@ class Scorer:
             max_batch_tokens=max_batch_tokens,
             compile=compile,
             trust_remote_code=trust_remote_code,
+            long_documents=long_documents,
+            window_stride=window_stride,
         )
         cfg = self.config
         settings.check_all()
@@ -80,10 +85,11 @@ class Scorer:
         self.hf_config = load_config(model_dir, trust_remote_code, **self.save.config_kwargs)
         self.architecture = architecture_of(self.hf_config)
         self.decoder = is_decoder(self.architecture)
-        self.share_prefix = self._check_share_prefix(share_prefix)
+        self.share_prefix = share_prefix_of(share_prefix, self.decoder, self.architecture)
         self.tokenizer = pair_tokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save,
                                         position_limit(self.hf_config))
         self._check_max_length(self.tokenizer.max_length, "pass", self.tokenizer.from_where())
+        check_supported(self.tokenizer, self.num_labels, cfg.long_documents)
         # A causal LM's yes/no token ids, checked before any weights are read.
         causal_lm = self.architecture.endswith("ForCausalLM")
         score_ids = score_tokens(self.tokenizer.tokenizer, self.save) if causal_lm else None
@@ -110,19 +116,6 @@ class Scorer:
         # One call at a time: a fast tokenizer shared by threads raises "Already borrowed", and a decoder's KV cache
         # is the Scorer's own. The model uses every core already, so threads lose nothing by taking turns.
         self._lock = threading.RLock()
-
-    def _check_share_prefix(self, share_prefix) -> bool:
-        """None: on for decoders (off for encoders, whose tokens all attend to each other: no prefix is computed
-        once); False: off (for measurement); True on an encoder is refused."""
-        if share_prefix is not None and not isinstance(share_prefix, bool):
-            raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
-        if share_prefix and not self.decoder:
-            raise ValueError(
-                f"share_prefix=True needs a decoder reranker (causal attention: a shared prefix is computed once); "
-                f"{self.architecture} is an encoder, whose every token attends to every other. Leave share_prefix "
-                "unset (None)"
-            )
-        return self.decoder if share_prefix is None else share_prefix
 
     # -- properties a notebook reaches for --------------------------------------------------------
     @property
@@ -196,70 +189,46 @@ class Scorer:
         self._check_max_length(max_length, "use")
         return max_length
 
-    def _check_call_device(self, device) -> None:
-        """CrossEncoder.predict's ``device``: here only the Scorer's own (None, or the same device)."""
-        if device is None:
-            return
-        if isinstance(device, (list, tuple)):
-            raise TypeError(f"device must be one device, the Scorer's ({self.device}): xenc_lab does not spread a call "
-                            f"over several; got {device!r}")
-        wanted = resolve_device(device)
-        index = lambda d: d.index if d.index is not None or d.type != "cuda" else torch.cuda.current_device()
-        if (wanted.type, index(wanted)) != (self.device.type, index(self.device)):
-            raise ValueError(f"device={str(device)!r}: this Scorer runs on {self.device}; build a Scorer with "
-                             f"device={str(device)!r} to score there")
-
-    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        # CrossEncoder's rule: an explicit prompt, else a named one, else the save's default prompt.
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt must be str, got {type(prompt).__name__}")
-            if prompt_name is not None:
-                warnings.warn(f"got both prompt and prompt_name={prompt_name!r}: using prompt, as sentence-transformers "
-                              "does; pass one of them", stacklevel=3)
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.save.prompts:
-                raise ValueError(f"prompt_name {prompt_name!r} is not one of the model's prompts {sorted(self.save.prompts)}")
-            return self.save.prompts[prompt_name]
-        return self.save.prompts.get(self.save.default_prompt_name) if self.save.default_prompt_name else None
-
-    def logits(
-        self,
-        pairs: Sequence,
-        batch_size: int | None = None,
-        show_progress_bar: bool | None = None,
-        prompt: str | None = None,
-        max_length: int | None = None,
-    ) -> torch.Tensor:
+    def logits(self, pairs: Sequence, batch_size: int | None = None, show_progress_bar: bool | None = None,
+               prompt: str | None = None, max_length: int | None = None) -> torch.Tensor:
         """(N, num_labels) fp32 logits on the CPU, in the caller's order. ``prompt`` is prepended to each text_1 (a
         decoder's chat template places it, as a system message); ``max_length`` (checked by the caller) truncates
         the pairs instead of the Scorer's own."""
-        text_1, text_2 = split_pairs(list(pairs))
+        return self._rows(list(pairs), batch_size, show_progress_bar, prompt, max_length)[0]
+
+    def _rows(self, pairs: list, batch_size, show_progress_bar, prompt, max_length, windows=False, stride=None):
+        """``logits``, or with ``windows`` those of every pair's windows of text_2 (``stride`` tokens apart), and the
+        pair of each row (``windows.windowed_pairs``; None where every row is its pair)."""
+        text_1, text_2 = split_pairs(pairs)
         show = len(text_1) >= 2048 if show_progress_bar is None else show_progress_bar
         with self._lock:
             self.token_counts = TokenCounts()
-            return self._run(text_1, text_2, batch_size, show, prompt, max_length)
+            return self._run(text_1, text_2, batch_size, show, prompt, max_length, windows, stride)
 
-    def _streamed_logits(self, pairs: Iterable, batch_size, show_progress_bar, prompt, max_length) -> torch.Tensor:
-        """``logits`` of an iterator of pairs, taken in blocks of STREAM_BLOCK: memory holds one block's texts, not
+    def _streamed_logits(self, pairs: Iterable, batch_size, show_progress_bar, prompt, max_length, windows=False,
+                         stride=None) -> tuple[torch.Tensor, np.ndarray | None]:
+        """``_rows`` of an iterator of pairs, taken in blocks of STREAM_BLOCK: memory holds one block's texts, not
         the input's. A bad pair is reported by its place in the whole input."""
-        it, parts, done = iter(pairs), [], 0
+        it, parts, owners, done = iter(pairs), [], [], 0
         show = {"disable": False, "delay": 1.0} if show_progress_bar is None else {"disable": not show_progress_bar}
         with self._lock, tqdm(total=operator.length_hint(pairs) or None, desc="Scoring pairs", unit="pair",
                               **show) as bar:
             self.token_counts = TokenCounts()
             while block := list(itertools.islice(it, STREAM_BLOCK)):
                 text_1, text_2 = split_pairs(block, start=done)
-                parts.append(self._run(text_1, text_2, batch_size, False, prompt, max_length))
+                logits, owner = self._run(text_1, text_2, batch_size, False, prompt, max_length, windows, stride)
+                parts.append(logits)
+                owners.append(None if owner is None else owner + done)
                 done += len(block)
                 bar.update(len(block))
-        return torch.cat(parts) if parts else torch.empty(0, self.num_labels)
+        return gathered(parts, owners, self.num_labels)
 
-    def _run(self, text_1, text_2, batch_size, show, prompt, max_length) -> torch.Tensor:
+    def _run(self, text_1, text_2, batch_size, show, prompt, max_length, windows, stride):
         cfg = self.config
         tokenize = self.tokenizer
-        if isinstance(tokenize, ChatPairTokenizer):
+        if windows:
+            tokenize = functools.partial(windowed_pairs, tokenize, stride=stride)
+        if isinstance(self.tokenizer, ChatPairTokenizer):
             tokenize = functools.partial(tokenize, prompt=prompt or None)
         elif prompt:
             text_1 = [prompt + t for t in text_1]
@@ -271,7 +240,7 @@ class Scorer:
                 counts=self.token_counts, pooled_past=self._pooled_past,
             )
         return run_pairs(
-            self.tokenizer, self.runner, text_1, text_2, num_labels=self.num_labels, page_size=cfg.page_size,
+            tokenize, self.runner, text_1, text_2, num_labels=self.num_labels, page_size=cfg.page_size,
             max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id, batch_size=batch_size, max_length=max_length,
             show_progress_bar=show,
         )
@@ -291,6 +260,8 @@ class Scorer:
         max_length: int | None = None,
         processing_kwargs: dict | None = None,
         device: str | torch.device | None = None,
+        long_documents: str | None = None,
+        window_stride: int | None = None,
         **other_names,
     ):
         """Scores of (text_1, text_2) pairs: float32 array of shape (N,) for one label, (N, num_labels) else.
@@ -301,6 +272,8 @@ class Scorer:
         ``prompt`` / ``prompt_name`` (or a save's default prompt) is prepended to every text_1, as there.
         ``max_length`` (or ``processing_kwargs={"text": {"max_length": n}}``) truncates this call's pairs to n
         tokens instead of the Scorer's max_length; ``device`` may name the Scorer's own device only.
+        ``long_documents`` and ``window_stride`` (None: the Scorer's) score a text_2 that overflows in windows, the
+        max or mean of their scores (docs/sentence-transformers.md#long-documents).
         sentence-transformers v6's name for the pairs, ``inputs``, works too; its names from before v5,
         ``sentences`` and ``activation_fct`` (and ``num_workers``, ignored), work with a warning. Options are
         keyword-only: sentence-transformers v6 takes ``prompt_name`` second, earlier versions ``batch_size``.
@@ -312,21 +285,27 @@ class Scorer:
                      convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor)
         if activation_fn is not None and not callable(activation_fn):
             raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
-        self._check_call_device(device)
+        check_call_device(self.device, device)
         max_length = self._call_max_length(max_length, processing_kwargs)
-        prompt = self._resolve_prompt(prompt, prompt_name)  # before an iterator of pairs is consumed
+        long_documents, stride = call_mode(self.config, self.tokenizer, self.num_labels, long_documents, window_stride)
+        windows = long_documents in ("max", "mean")  # "first": the first window is the truncated pair
+        prompt = resolve_prompt(self.save, prompt, prompt_name)  # before an iterator of pairs is consumed
         check_ordered("pairs", pairs, "a (text_1, text_2) pair or a list of them")
         if isinstance(pairs, np.ndarray) and pairs.ndim == 0:
             raise TypeError(f"pairs must be a (text_1, text_2) pair or a list of them, got a 0-d array {pairs!r}")
         single = is_single_pair(pairs)
         if single:
             split_pairs([pairs], single=True)  # a bad pair passed alone is named "pairs"
-            logits = self.logits([pairs], batch_size, show_progress_bar, prompt, max_length)
+            logits, owner = self._rows([pairs], batch_size, show_progress_bar, prompt, max_length, windows, stride)
         elif isinstance(pairs, Sized):
-            logits = self.logits(list(pairs), batch_size, show_progress_bar, prompt, max_length)
+            logits, owner = self._rows(list(pairs), batch_size, show_progress_bar, prompt, max_length, windows, stride)
         else:  # an iterator or generator: consumed block by block
-            logits = self._streamed_logits(pairs, batch_size, show_progress_bar, prompt, max_length)
-        scores = to_scores(logits, self.activation_fn if activation_fn is None else activation_fn, apply_softmax)
+            logits, owner = self._streamed_logits(pairs, batch_size, show_progress_bar, prompt, max_length, windows,
+                                                  stride)
+        score = functools.partial(to_scores, activation=self.activation_fn if activation_fn is None else activation_fn,
+                                  apply_softmax=apply_softmax)
+        # each pair's windows' scores aggregated (a one-label model's), or the pairs' scores
+        scores = score(logits) if owner is None else pair_scores(logits, owner, long_documents, score)
         if single:
             scores = scores[0]
         if convert_to_tensor:
@@ -345,20 +324,7 @@ class Scorer:
             raise ValueError(f"score() needs a one-label model; this one has {self.num_labels} labels: use predict()")
         if isinstance(text_1, str) and isinstance(text_2, str):
             return float(self.predict((text_1, text_2), **kwargs))
-        for name, value in (("text_1", text_1), ("text_2", text_2)):
-            if not isinstance(value, (str, list, tuple)):
-                raise TypeError(f"{name} must be a str or a list of str, got {type(value).__name__}")
-        list_1 = [text_1] if isinstance(text_1, str) else list(text_1)
-        list_2 = [text_2] if isinstance(text_2, str) else list(text_2)
-        if not list_1 or not list_2:
-            raise ValueError(f"text_1 and text_2 must not be empty (got lengths {len(list_1)} and {len(list_2)})")
-        if len(list_1) == 1:
-            list_1 = list_1 * len(list_2)
-        elif len(list_1) != len(list_2):
-            raise ValueError(
-                f"text_1 and text_2 must pair 1:1, 1:N or N:N; got lengths {len(list_1)} and {len(list_2)}"
-            )
-        return self.predict(list(zip(list_1, list_2)), **kwargs)
+        return self.predict(vllm_pairs(text_1, text_2), **kwargs)
 
     def rank(
         self,
@@ -373,13 +339,16 @@ class Scorer:
         prompt_name: str | None = None,
         prompt: str | None = None,
         device: str | torch.device | None = None,
+        long_documents: str | None = None,
+        window_stride: int | None = None,
         **old_names,
     ) -> list[dict]:
         """sentence-transformers' rank: [{corpus_id, score(, text)}] sorted by score, ties in corpus order.
 
         ``apply_softmax``, ``convert_to_numpy``, ``convert_to_tensor`` and ``num_workers``, which
         sentence-transformers v6 still takes and ignores, are ignored here too, with a warning; its old name
-        ``activation_fct`` works with a warning. ``device`` may name the Scorer's own device only."""
+        ``activation_fct`` works with a warning. ``device`` may name the Scorer's own device only; ``long_documents``
+        and ``window_stride`` as in ``predict``."""
         activation_fn = rank_names(activation_fn, old_names)
         if self.num_labels != 1:
             raise ValueError(f"rank() needs a one-label model; this one has {self.num_labels} labels")
@@ -393,8 +362,8 @@ class Scorer:
                 raise ValueError(f"top_k must be a positive int or None (all documents), got {top_k}")
             top_k = int(top_k)
         check_flags(return_documents=return_documents)
-        self._check_call_device(device)
-        prompt = self._resolve_prompt(prompt, prompt_name)  # before an iterator of documents is consumed
+        check_call_device(self.device, device)
+        prompt = resolve_prompt(self.save, prompt, prompt_name)  # before an iterator of documents is consumed
         documents = list(documents)
         scores = self.predict(
             [[query, doc] for doc in documents],
@@ -403,6 +372,8 @@ class Scorer:
             activation_fn=activation_fn,
             convert_to_tensor=True,
             prompt="" if prompt is None else prompt,
+            long_documents=long_documents,
+            window_stride=window_stride,
         ).tolist()
         results = [{"corpus_id": i, "score": s} for i, s in enumerate(scores)]
         if return_documents:

@@ -92,6 +92,39 @@ def rank_names(activation_fn, old: dict):
     return activation_fn
 
 
+def resolve_prompt(save, prompt: str | None, prompt_name: str | None) -> str | None:
+    """CrossEncoder's rule: an explicit prompt, else one of the save's prompts by name, else the save's default."""
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be str, got {type(prompt).__name__}")
+        if prompt_name is not None:
+            warnings.warn(f"got both prompt and prompt_name={prompt_name!r}: using prompt, as sentence-transformers "
+                          "does; pass one of them", stacklevel=3)
+        return prompt
+    if prompt_name is not None:
+        if prompt_name not in save.prompts:
+            raise ValueError(f"prompt_name {prompt_name!r} is not one of the model's prompts {sorted(save.prompts)}")
+        return save.prompts[prompt_name]
+    return save.prompts.get(save.default_prompt_name) if save.default_prompt_name else None
+
+
+def vllm_pairs(text_1, text_2) -> list[tuple[str, str]]:
+    """vLLM's pairing of ``score``'s two sides (not two strings): str or [str] with a list is 1:N, equal-length lists
+    N:N; other shapes and empty lists raise."""
+    for name, value in (("text_1", text_1), ("text_2", text_2)):
+        if not isinstance(value, (str, list, tuple)):
+            raise TypeError(f"{name} must be a str or a list of str, got {type(value).__name__}")
+    list_1 = [text_1] if isinstance(text_1, str) else list(text_1)
+    list_2 = [text_2] if isinstance(text_2, str) else list(text_2)
+    if not list_1 or not list_2:
+        raise ValueError(f"text_1 and text_2 must not be empty (got lengths {len(list_1)} and {len(list_2)})")
+    if len(list_1) == 1:
+        list_1 = list_1 * len(list_2)
+    elif len(list_1) != len(list_2):
+        raise ValueError(f"text_1 and text_2 must pair 1:1, 1:N or N:N; got lengths {len(list_1)} and {len(list_2)}")
+    return list(zip(list_1, list_2))
+
+
 def check_ordered(name: str, value, expected: str) -> None:
     """``value`` must be an ordered iterable (not a str, a set or a dict): scores come back in its order."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):

@@ -31,13 +31,20 @@ from .st_format import CrossEncoderSave
 logger = logging.getLogger(__name__)
 
 
+def first_rows(owner: np.ndarray) -> np.ndarray:
+    """(N,) bool: which of N rows, a pair's rows adjacent (``owner``: the pair of each), are their pair's first."""
+    return np.concatenate([[True], owner[1:] != owner[:-1]]) if len(owner) else np.ones(0, dtype=bool)
+
+
 @dataclass(slots=True)
 class Encodings:
-    """Token ids of N pairs, flat: pair i is ``ids[offsets[i]:offsets[i + 1]]``."""
+    """Token ids of N rows, flat: row i is ``ids[offsets[i]:offsets[i + 1]]``. A row is a pair, or one window of a
+    pair's text_2 where ``owner`` says which pair each row scores (a pair's rows adjacent, its first window first)."""
 
     ids: np.ndarray  # (total_tokens,) int64
     type_ids: np.ndarray | None  # (total_tokens,) int64, only where the tokenizer emits them
     offsets: np.ndarray  # (N + 1,) int64
+    owner: np.ndarray | None = None  # (N,) int64, the pair of each row; None: row i is pair i
 
     @property
     def lengths(self) -> np.ndarray:
@@ -48,6 +55,25 @@ class Encodings:
 
     def pair(self, i: int) -> list[int]:
         return self.ids[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+    def first_rows(self) -> np.ndarray:
+        """(N,) bool: which rows are their pair's first window (every row without windows)."""
+        return np.ones(len(self), dtype=bool) if self.owner is None else first_rows(self.owner)
+
+    def last_rows(self) -> np.ndarray:
+        """(N,) bool: which rows are their pair's last window (every row without windows), for counting pairs done."""
+        if self.owner is None or not len(self):
+            return np.ones(len(self), dtype=bool)
+        return np.concatenate([self.owner[1:] != self.owner[:-1], [True]])
+
+    def take(self, rows: np.ndarray) -> Encodings:
+        """These rows alone, in this order, with their owners."""
+        lengths = self.lengths[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Encodings(self.ids[index], None if self.type_ids is None else self.type_ids[index], offsets,
+                         None if self.owner is None else self.owner[rows])
 
     @classmethod
     def from_rows(cls, rows: list[list[int]], type_rows: list[list[int]] | None = None) -> Encodings:
