@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
     add_rerank(sub, _positive_int)
     from .report import add_parser as add_report
+    from .table import add_parser as add_score
+
+    add_score(sub, _positive_int)
 
     add_report(sub)
     argv = sys.argv[1:] if argv is None else argv

@@ -39,6 +39,9 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--batch-size", type=positive_int, default=None, help="cap on pairs per batch")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--prompt", default=None, help="a prompt (an instruction) for every query")
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="score on this Ray cluster ('auto', 'local' or ray://host:port) with a pool of Scorer actors")
+    p.add_argument("--concurrency", type=positive_int, default=1, help="Scorer actors with --ray-address (default 1)")
     p.set_defaults(func=run_command)
 
 
@@ -72,13 +75,22 @@ def run_command(args: argparse.Namespace) -> int:
               "workflow, not a model's quality. Pass --model for a trained reranker.")
     else:
         path = args.model
-    scorer = Scorer(path, device=args.device, dtype=args.dtype, compile=args.compile)
-    print(scorer)
+    window = {}
+    if args.ray_address is None:
+        scorer = Scorer(path, device=args.device, dtype=args.dtype, compile=args.compile)
+        print(scorer)
+    else:  # each window of pairs becomes a Ray Dataset: large windows keep the actors busy
+        from ..distributed import RayScorer, _ray
+
+        _ray().init(address=None if args.ray_address == "local" else args.ray_address, ignore_reinit_error=True)
+        scorer = RayScorer(path, concurrency=args.concurrency, dtype=args.dtype, compile=args.compile,
+                           **({"device": args.device} if args.device else {}))
+        window = {"window": 65536}
     options = {k: v for k, v in (("max_length", args.max_length), ("batch_size", args.batch_size),
                                  ("prompt", args.prompt)) if v is not None}
     ranked = rerank(scorer, args.queries, args.corpus, first, depth=args.depth, output=args.output,
                     resume=args.resume, overwrite=args.overwrite, tag=args.tag, skip_missing=args.skip_missing,
-                    title_sep=None if args.no_title else " ", **options)
+                    title_sep=None if args.no_title else " ", **window, **options)
     print(f"wrote {args.output}: {ranked['qid'].nunique()} queries, {len(ranked)} lines")
     if args.qrels is not None:
         measures = args.measures or DEFAULT_MEASURES

@@ -1,0 +1,133 @@
+"""Scoring a pair table on a local Ray instance: the scores single-process ``Scorer.predict`` gives, every row once
+and in order, also when an actor is killed mid-run (Ray restarts it and retries its batch)."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from xenc_lab.distributed import RayScorer, score_dataset
+
+ROWS = 100_000
+KILL_ROWS = 30_000
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    words = np.array(["river", "mountain", "query", "passage", "model", "rank", "score", "table", "pair", "cluster", "actor", "batch"])
+    frame = pd.DataFrame({
+        "id": np.arange(ROWS),
+        "text_1": [" ".join(rng.choice(words, 3)) for _ in range(ROWS)],
+        "text_2": [" ".join(rng.choice(words, 9)) for _ in range(ROWS)],
+    })
+    path = tmp_path_factory.mktemp("pairs") / "pairs.parquet"
+    frame.to_parquet(path, index=False)
+    return path, frame
+
+
+def _expected(scorer, frame, block):
+    """Single-process scores of the same rows in the same blocks (bitwise what an actor computes)."""
+    pairs = list(zip(frame["text_1"], frame["text_2"]))
+    return np.concatenate([scorer.predict(pairs[i:i + block]) for i in range(0, len(pairs), block)])
+
+
+def test_a_parquet_table_scored_by_two_actors_gives_single_process_scores_in_order(local_ray, table, tiny_dir, scorer):
+    path, frame = table
+    out = score_dataset(str(path), tiny_dir, concurrency=2, batch_size=4096).to_pandas()
+    assert list(out.columns) == ["id", "text_1", "text_2", "score"]
+    np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(ROWS))  # no row lost, doubled or moved
+    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 4096))
+    assert out["score"].std() > 0.05  # scores that vary: equality is not luck
+
+
+def _map_workers() -> list[int]:
+    """PIDs of the Scorer actors (Ray names their processes ``ray::MapWorker(...)``)."""
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if any("ray::MapWorker" in c for c in p.info["cmdline"] or [])]
+
+
+def test_an_actor_killed_mid_run_is_restarted_and_no_row_is_lost_or_doubled(local_ray, table, tiny_dir, scorer,
+                                                                              tmp_path):
+    _, frame = table
+    frame = frame.iloc[:KILL_ROWS]
+    frame.to_parquet(tmp_path / "pairs.parquet", index=False)
+    killed = []
+
+    def kill_one():
+        deadline = time.time() + 60
+        while time.time() < deadline and not killed:
+            workers = _map_workers()
+            if workers:
+                time.sleep(2.0)  # let it load its model and score a batch or two first
+                os.kill(workers[0], signal.SIGKILL)
+                killed.append(workers[0])
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    out = score_dataset(str(tmp_path / "pairs.parquet"), tiny_dir, concurrency=2, batch_size=1024).to_pandas()
+    killer.join()
+    assert killed, "no actor was found to kill"
+    np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(KILL_ROWS))
+    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 1024))
+
+
+def test_ray_scorer_predicts_like_the_scorer_for_tools_that_take_one(local_ray, tiny_dir, scorer):
+    pairs = [(f"query {i}", f"passage number {i} about rivers") for i in range(500)]
+    got = RayScorer(tiny_dir, concurrency=1).predict(pairs, max_length=16)
+    np.testing.assert_allclose(got, scorer.predict(pairs, max_length=16), rtol=0, atol=1e-6)
+
+
+def test_bad_arguments_are_refused_before_ray_runs_anything(local_ray, table, tiny_dir):
+    path, _ = table
+    with pytest.raises(ValueError, match=r"no column\(s\) \['query'\]"):
+        score_dataset(str(path), tiny_dir, text_1="query")
+    with pytest.raises(ValueError, match="concurrency must be a positive int"):
+        score_dataset(str(path), tiny_dir, concurrency=0)
+    with pytest.raises(ValueError, match=r"expected a \.parquet, \.jsonl or \.csv file"):
+        score_dataset(__file__, tiny_dir)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".csv"])
+def test_score_command_adds_a_score_column_to_a_table_in_this_process(tmp_path, tiny_dir, scorer, suffix):
+    from xenc_lab.cli import main
+    from xenc_lab.table import read_frame, write_frame
+
+    frame = pd.DataFrame({"q": ["a query", "another"], "d": ["a passage", "more text"], "keep": [7, 8]})
+    write_frame(frame, str(tmp_path / f"in{suffix}"))
+    argv = ["score", str(tmp_path / f"in{suffix}"), str(tmp_path / f"out{suffix}"), "--model", str(tiny_dir),
+            "--text-1", "q", "--text-2", "d", "--device", "cpu"]
+    assert main(argv) == 0
+    out = read_frame(str(tmp_path / f"out{suffix}"))
+    assert list(out["keep"]) == [7, 8]
+    np.testing.assert_allclose(out["score"], scorer.predict(list(zip(frame["q"], frame["d"]))), rtol=0, atol=1e-6)
+    with pytest.raises(SystemExit):  # OUT exists
+        main(argv)
+
+
+def test_score_command_on_ray_writes_the_scored_table(local_ray, table, tmp_path, tiny_dir, scorer):
+    from xenc_lab.cli import main
+
+    path, frame = table
+    small = frame.iloc[:2000]
+    small.to_parquet(tmp_path / "in.parquet", index=False)
+    assert main(["score", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet"), "--model", str(tiny_dir),
+                 "--ray-address", "local", "--concurrency", "1"]) == 0
+    out = pd.read_parquet(tmp_path / "out.parquet")  # a folder of parquet files, read as one table
+    np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(2000))
+    np.testing.assert_allclose(out["score"], scorer.predict(list(zip(small["text_1"], small["text_2"]))),
+                               rtol=0, atol=1e-6)
