@@ -276,7 +276,7 @@ def test_bench_api_takes_named_pairs_and_checks_them_before_timing_anything(tiny
         ("mine", "sentence-transformers", 8), ("mine", "xenc_lab", 8)]
     assert rows[1].max_abs_delta < 1e-4 and logged
     for workloads, error, message in (
-        ([("mine", [("q", 3)])], TypeError, "text_2 must be str"),
+        ([("mine", [("q", 3)])], TypeError, r"pairs\[0\]\[1\] is int \(3\); expected str \(text_2\)"),
         ([("mine", [])], ValueError, "non-empty list"),
         (["medium"], ValueError, "not a built-in one"),
         ([42], TypeError, "built-in name or a \\(name, pairs\\) tuple"),
