@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     from .report import add_parser as add_report
 
     add_report(sub)
+    from .serve.command import add_parser as add_serve
+
+    add_serve(sub, _positive_int)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv
