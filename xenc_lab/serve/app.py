@@ -63,21 +63,22 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
     if scorer.num_labels != 1:
         raise ValueError(f"the scoring API needs a one-label model (num_labels == 1, as vLLM's); this one has "
                          f"{scorer.num_labels} labels ({', '.join(scorer.labels)})")
-    name = served_name or scorer.config.model
-    batcher, counter, started = Batcher(scorer, max_queue=limits.max_queue), TokenCounter(scorer), int(time.time())
+    name, started = served_name or scorer.config.model, int(time.time())
 
     @asynccontextmanager
-    async def lifespan(app):
-        batcher.start()
+    async def lifespan(app):  # a worker and a counter per run of the server
+        state.batcher, state.counter = Batcher(scorer, max_queue=limits.max_queue), TokenCounter(scorer)
+        state.batcher.start()
         try:
             yield
         finally:
-            batcher.close()
-            counter.close()
+            state.batcher.close()
+            state.counter.close()
 
     app = FastAPI(title="xenc_lab", summary="cross-encoder scores and reranking in vLLM's API shapes",
                   lifespan=lifespan)
-    app.state.batcher, app.state.counter, app.state.limits = batcher, counter, limits
+    state = app.state
+    state.limits = limits
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
 
     @app.exception_handler(ApiError)
@@ -113,13 +114,13 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
         """The pairs' scores (float32) and their tokens, or an ApiError."""
         max_length = max_length_of(body)
         try:
-            future = batcher.submit(pairs, max_length, body.activation_on())
+            future = state.batcher.submit(pairs, max_length, body.activation_on())
         except QueueFull as err:
             raise ApiError(503, f"the server is busy: {err}; retry later", {"Retry-After": "1"}) from None
         except RuntimeError as err:
             raise ApiError(503, str(err), {"Retry-After": "1"}) from None
         try:
-            tokens = await asyncio.wrap_future(counter.submit(pairs, max_length))
+            tokens = await asyncio.wrap_future(state.counter.submit(pairs, max_length))
             return await asyncio.wrap_future(future), tokens
         except (ValueError, TypeError) as err:
             raise ApiError(400, str(err)) from None
@@ -161,7 +162,7 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
 
     @app.get("/health", responses={503: ERRORS[503]}, summary="200 while the engine's worker runs")
     async def health():
-        if not batcher.alive:
+        if not state.batcher.alive:
             raise ApiError(503, "the engine's worker is not running", {"Retry-After": "1"})
         return Response(status_code=200)
 

@@ -58,6 +58,11 @@ class Batcher:
         self._thread.start()
 
     @property
+    def queued(self) -> int:
+        """Requests waiting for a call (not the ones in the call running)."""
+        return len(self._jobs)
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closed
 
