@@ -17,6 +17,10 @@ from xenc_lab.serve.bench import drive, score_bodies
 from xenc_lab.serve.server import ServerThread
 
 
+class Panic(BaseException):
+    """What a Rust panic in the tokenizer raises (pyo3's PanicException derives from BaseException)."""
+
+
 class Recorder:
     """A Scorer stand-in: a pair's score is its second text's length (its negative without the activation); a pair
     whose text is "bad" is refused as the Scorer refuses bad input. Holds its calls until ``opened``."""
@@ -29,6 +33,8 @@ class Recorder:
         assert self.opened.wait(10)
         if any("bad" in pair for pair in pairs):
             raise ValueError("pairs hold a bad text")
+        if any("panic" in pair for pair in pairs):
+            raise Panic("a Rust panic")
         sign = 1.0 if activation_fn is None else -1.0
         return np.array([sign * len(d) for _, d in pairs], dtype=np.float32)
 
@@ -82,6 +88,17 @@ def test_a_refused_request_fails_alone_and_its_batchmates_get_their_scores(batch
     assert list(good.result(10)) == [4] and list(also.result(10)) == [4]
     with pytest.raises(ValueError, match="bad text"):
         bad.result(10)
+
+
+def test_an_engine_failure_reaches_each_request_of_its_call_and_the_worker_lives_on(batcher):
+    hold_engine(batcher)
+    first = batcher.submit(pairs_of("one"), None, True)
+    second = batcher.submit(pairs_of("panic"), None, True)
+    batcher.scorer.opened.set()
+    for future in (first, second):
+        with pytest.raises(RuntimeError, match="the engine failed: Panic"):
+            future.result(10)
+    assert list(batcher.submit(pairs_of("after"), None, True).result(10)) == [5] and batcher.alive
 
 
 def test_a_request_given_up_before_its_call_is_never_scored_and_a_full_queue_refuses(batcher):

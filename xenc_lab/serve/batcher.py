@@ -70,8 +70,8 @@ class Batcher:
         """Queue a request's pairs; its future gets their scores. QueueFull when ``max_queue`` requests wait."""
         job = Job(list(pairs), CallOptions(max_length, activation), Future())
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the batcher is closed")
+            if self._closed or not self._thread.is_alive():
+                raise RuntimeError("the engine's worker is not running")
             if len(self._jobs) >= self.max_queue:
                 raise QueueFull(f"{len(self._jobs)} requests are queued (--max-queue {self.max_queue})")
             self._jobs.append(job)
@@ -128,7 +128,9 @@ class Batcher:
                 for job in jobs:
                     self._run([job])
             return
-        except Exception as err:  # noqa: BLE001 (the engine failed: every request of the call hears of it)
+        except BaseException as err:  # noqa: BLE001 (the engine failed: every request of the call hears of it, and
+            # the worker lives on; a Rust panic in the tokenizer is a BaseException, which the server would not catch)
+            err = err if isinstance(err, Exception) else RuntimeError(f"the engine failed: {err!r}")
             for job in jobs:
                 job.future.set_exception(err)
             return

@@ -50,7 +50,7 @@ def describe(errors: list[dict]) -> str:
             continue
         message = str(e.get("msg", "invalid")).removeprefix("Value error, ").replace("Input should be ", "expected ")
         if not where and e.get("type") in ("model_attributes_type", "missing"):
-            message = "expected a JSON object"
+            message = "expected a JSON object (Content-Type: application/json)"
         kept = lines.setdefault(where or "body", [])
         if message not in kept:
             kept.append(message if not kept else message.removeprefix("expected "))

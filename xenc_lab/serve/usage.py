@@ -26,8 +26,16 @@ class TokenCounter:
             enc = self._tokenizer(text_1, text_2, max_length)
         return int(enc.lengths.sum())
 
+    def _count(self, pairs: list[tuple[str, str]], max_length: int | None) -> int:
+        try:
+            return self.count(pairs, max_length)
+        except (Exception, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # a Rust panic in the tokenizer: an error the server can answer
+            raise RuntimeError(f"the tokenizer failed: {err!r}") from None
+
     def submit(self, pairs: list[tuple[str, str]], max_length: int | None) -> Future:
-        return self._pool.submit(self.count, pairs, max_length)
+        return self._pool.submit(self._count, pairs, max_length)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
