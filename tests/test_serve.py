@@ -220,6 +220,24 @@ def test_a_full_queue_gets_503_with_retry_after_and_the_queued_requests_are_stil
         assert _post(server.url, "/score", {"text_1": "q", "text_2": "later"}).status_code == 200
 
 
+def test_a_request_whose_client_disconnects_while_queued_is_never_scored(tiny_dir, monkeypatch):
+    scorer = Scorer(tiny_dir, device="cpu")
+    gate, app = Gate(scorer, monkeypatch), create_app(scorer, "tiny")
+    with ServerThread(app) as server, ThreadPoolExecutor(1) as pool, gate:
+        held = pool.submit(_post, server.url, "/score", {"text_1": "q", "text_2": "held"})
+        assert gate.entered.wait(10)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/score", json={"text_1": "q", "text_2": "gone"}, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while app.state.batcher.queued:  # the server saw the client go and gave its request up
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        gate.opened.set()
+        assert held.result().status_code == 200
+        assert _post(server.url, "/score", {"text_1": "q", "text_2": "after"}).status_code == 200
+    assert [pairs for pairs in gate.calls] == [[("q", "held")], [("q", "after")]]
+
+
 def test_queued_requests_with_the_same_options_share_one_predict_call_and_each_gets_its_own_scores(
         tiny_dir, monkeypatch):
     scorer = Scorer(tiny_dir, device="cpu")

@@ -110,7 +110,19 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
         except (ValueError, TypeError) as err:
             raise ApiError(400, f"truncate_prompt_tokens: {err}") from None
 
-    async def scores_of(body: Options, pairs: list[tuple[str, str]]):
+    async def answer_or_gone(request: Request, future) -> object:
+        """The future's result, unless the client disconnects first (uvicorn's receive() returns then)."""
+        result, gone = asyncio.wrap_future(future), asyncio.ensure_future(request.receive())
+        try:
+            done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if result not in done:
+            result.cancel()  # and with it the queued request: no call scores it
+            raise ApiError(400, "Client disconnected")
+        return result.result()
+
+    async def scores_of(body: Options, pairs: list[tuple[str, str]], request: Request):
         """The pairs' scores (float32) and their tokens, or an ApiError."""
         max_length = max_length_of(body)
         try:
@@ -121,7 +133,7 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
             raise ApiError(503, str(err), {"Retry-After": "1"}) from None
         try:
             tokens = await asyncio.wrap_future(state.counter.submit(pairs, max_length))
-            return await asyncio.wrap_future(future), tokens
+            return await answer_or_gone(request, future), tokens
         except (ValueError, TypeError) as err:
             raise ApiError(400, str(err)) from None
         finally:
@@ -137,14 +149,14 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
 
     async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
         check_model(body)
-        scores, tokens = await scores_of(body, pair_up(*body.sides(), limits.max_documents))
+        scores, tokens = await scores_of(body, pair_up(*body.sides(), limits.max_documents), request)
         return ScoreResponse(id=request_id(request, "score"), model=name, usage=Usage(prompt_tokens=tokens,
                              total_tokens=tokens), data=[ScoreData(index=i, score=float(s)) for i, s in enumerate(scores)])
 
     async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
         check_model(body)
         documents = [body.documents] if isinstance(body.documents, str) else body.documents
-        scores, tokens = await scores_of(body, pair_up(body.query, documents, limits.max_documents))
+        scores, tokens = await scores_of(body, pair_up(body.query, documents, limits.max_documents), request)
         order = sorted(range(len(documents)), key=lambda i: -scores[i])  # best first, ties in document order
         top = len(order) if body.top_n is None or body.top_n <= 0 else body.top_n
         results = [RerankResult(index=i, relevance_score=float(scores[i]),

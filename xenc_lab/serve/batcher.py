@@ -59,8 +59,9 @@ class Batcher:
 
     @property
     def queued(self) -> int:
-        """Requests waiting for a call (not the ones in the call running)."""
-        return len(self._jobs)
+        """Requests waiting for a call (not the ones in the call running, nor ones given up)."""
+        with self._cond:
+            return sum(not job.future.cancelled() for job in self._jobs)
 
     @property
     def alive(self) -> bool:
@@ -72,6 +73,8 @@ class Batcher:
         with self._cond:
             if self._closed or not self._thread.is_alive():
                 raise RuntimeError("the engine's worker is not running")
+            if len(self._jobs) >= self.max_queue:  # requests given up free their places
+                self._jobs = deque(job for job in self._jobs if not job.future.cancelled())
             if len(self._jobs) >= self.max_queue:
                 raise QueueFull(f"{len(self._jobs)} requests are queued (--max-queue {self.max_queue})")
             self._jobs.append(job)
