@@ -13,7 +13,7 @@ from tests.conftest import PAIRS
 from xenc_lab.bench.workloads import make_pairs
 from xenc_lab.serve.app import Limits, create_app
 from xenc_lab.serve.batcher import Batcher, QueueFull
-from xenc_lab.serve.bench import drive, score_bodies
+from xenc_lab.serve.bench import LoadResult, drive, report_section, score_bodies
 from xenc_lab.serve.server import ServerThread
 
 
@@ -139,3 +139,18 @@ def test_32_concurrent_clients_each_get_their_own_scores_and_their_requests_shar
     assert result.failed == 0 and result.mismatched == 0, result.errors
     assert result.requests >= 64
     assert batcher.calls < batcher.requests / 2  # most calls carried several clients' requests
+
+
+def test_the_serving_section_reports_the_ratios_and_replaces_only_itself_in_the_report(tmp_path):
+    from xenc_lab.bench.decoder import append_section
+
+    result = LoadResult(seconds=10.0, requests=50, failed=1, mismatched=1, pairs=800, latencies=[0.1, 0.2, 0.3])
+    row = {"model": "m", "dtype": "float32", "clients": 32, "seconds": 10.0, "workload": "short", "result": result,
+           "offline_all": 100.0, "offline_each": 40.0, "requests_per_call": 12.5, "load": (0.5, 1.5)}
+    report = tmp_path / "throughput.md"
+    report.write_text("# Throughput\n\n## Serving\n\nold numbers\n\n## Decoder rerankers\n\nkept\n")
+    append_section(report, report_section(row, "xenc-lab bench --serve", "a machine"))
+    text = report.read_text()
+    assert "old numbers" not in text and text.startswith("# Throughput\n\n## Serving\n")
+    assert text.endswith("## Decoder rerankers\n\nkept\n")
+    assert "| m | float32 | 32 | 50 | 2 | 80.0 | 100.0 | 0.80x | 40.0 | 2.00x | 200 / 290 ms | 12.5 |" in text
