@@ -110,6 +110,19 @@ def test_rerank_orders_documents_as_scorer_rank_does_and_honours_top_n_and_retur
     assert all(set(r) == {"index", "relevance_score"} for r in top["results"])
 
 
+def test_a_saves_default_prompt_is_scored_and_counted_as_predict_prepends_it(tmp_path, tiny_dir, scorer):
+    from sentence_transformers import CrossEncoder
+
+    CrossEncoder(str(tiny_dir), device="cpu", prompts={"query": "query: "}, default_prompt_name="query"
+                 ).save_pretrained(str(tmp_path / "prompted"))
+    prompted = Scorer(tmp_path / "prompted", device="cpu")
+    with ServerThread(create_app(prompted, "prompted")) as server:
+        response = _post(server.url, "/score", {"text_1": [q for q, _ in PAIRS], "text_2": DOCS})
+    assert np.array_equal(scores_of(response), prompted.predict(PAIRS))
+    with_prompt = [("query: " + q, d) for q, d in PAIRS]
+    assert response.json()["usage"]["prompt_tokens"] == tokens(scorer, with_prompt) > tokens(scorer, PAIRS)
+
+
 def test_health_and_models_describe_the_one_served_model(client, scorer):
     assert client.get("/health").status_code == 200
     models = client.get("/v1/models").json()

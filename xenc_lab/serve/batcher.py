@@ -74,7 +74,7 @@ class Batcher:
             if self._closed or not self._thread.is_alive():
                 raise RuntimeError("the engine's worker is not running")
             if len(self._jobs) >= self.max_queue:  # requests given up free their places
-                self._jobs = deque(job for job in self._jobs if not job.future.cancelled())
+                self._jobs = deque(waiting for waiting in self._jobs if not waiting.future.cancelled())
             if len(self._jobs) >= self.max_queue:
                 raise QueueFull(f"{len(self._jobs)} requests are queued (--max-queue {self.max_queue})")
             self._jobs.append(job)

@@ -12,7 +12,8 @@ from ..chat import ChatPairTokenizer
 class TokenCounter:
     def __init__(self, scorer):
         self._tokenizer = copy.deepcopy(scorer.tokenizer)
-        self._prompt = scorer._resolve_prompt(None, None) or None  # what predict prepends when given no prompt
+        save = scorer.save  # predict's prompt when given none: the save's default prompt (CrossEncoder's rule)
+        self._prompt = (save.prompts.get(save.default_prompt_name) if save.default_prompt_name else None) or None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xenc-count")
 
     def count(self, pairs: list[tuple[str, str]], max_length: int | None) -> int:
