@@ -145,8 +145,9 @@ def test_the_serving_section_reports_the_ratios_and_replaces_only_itself_in_the_
     from xenc_lab.bench.decoder import append_section
 
     result = LoadResult(seconds=10.0, requests=50, failed=1, mismatched=1, pairs=800, latencies=[0.1, 0.2, 0.3])
-    row = {"model": "m", "dtype": "float32", "clients": 32, "seconds": 10.0, "workload": "short", "result": result,
-           "offline_all": 100.0, "offline_each": 40.0, "requests_per_call": 12.5, "load": (0.5, 1.5)}
+    row = {"model": "m", "dtype": "float32", "clients": 32, "seconds": 10.0, "rounds": 2, "workload": "short",
+           "result": result, "served": 80.0, "offline_all": 100.0, "offline_each": 40.0, "requests_per_call": 12.5,
+           "load": (0.5, 1.5)}
     report = tmp_path / "throughput.md"
     report.write_text("# Throughput\n\n## Serving\n\nold numbers\n\n## Decoder rerankers\n\nkept\n")
     append_section(report, report_section(row, "xenc-lab bench --serve", "a machine"))

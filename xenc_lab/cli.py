@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                         "writes DIR/throughput.md's '## Decoder rerankers' section, keeping the rest")
     b.add_argument("--serve", action="store_true",
                    help="time `xenc-lab serve` instead: --clients concurrent clients post /score requests of 16 pairs "
-                        "for --seconds seconds; served pairs/s against Scorer.predict's on the same pairs (--pairs, "
-                        "default 512, of the first of --workloads, default short); --report DIR writes "
+                        "for --seconds seconds in --repeats rounds; served pairs/s against Scorer.predict's on the "
+                        "same pairs between the rounds (--pairs, default 512, of the first of --workloads, default "
+                        "short); --report DIR writes "
                         "DIR/throughput.md's '## Serving' section, keeping the rest")
     b.add_argument("--clients", type=_positive_int, default=32, help="--serve: concurrent clients (default 32)")
     b.add_argument("--seconds", type=_positive_int, default=30, help="--serve: seconds of load (default 30)")

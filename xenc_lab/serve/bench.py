@@ -92,19 +92,30 @@ def drive(url: str, bodies: list[dict], expected: list[np.ndarray], clients: int
                               warmup, tol))
 
 
-def _rate(fn, n: int, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return n / best
+def _rate(fn, n: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - start)
+
+
+def _merged(results: list[LoadResult]) -> LoadResult:
+    """The rounds' results as one: their counts, latencies and seconds added up."""
+    total = LoadResult(sum(r.seconds for r in results))
+    for r in results:
+        total.requests, total.failed, total.mismatched = (total.requests + r.requests, total.failed + r.failed,
+                                                          total.mismatched + r.mismatched)
+        total.pairs += r.pairs
+        total.latencies += r.latencies
+        total.errors += r.errors[: 5 - len(total.errors)]
+    return total
 
 
 def run(model=None, clients: int = 32, seconds: float = 30.0, workload: str = "short", n_pairs: int = 512,
-        dtype: str = "float32", device: str = "cpu", compile: bool = False, repeats: int = 2) -> dict:
-    """Offline pairs/s (the pairs all at once, and one request's pairs per call), then served pairs/s with ``clients``
-    clients for ``seconds`` seconds (after a warm-up), on ``n_pairs`` pairs of ``workload``."""
+        dtype: str = "float32", device: str = "cpu", compile: bool = False, rounds: int = 3) -> dict:
+    """Served pairs/s with ``clients`` clients for ``seconds`` seconds in all, in ``rounds`` rounds (each after a short
+    warm-up), alternating with offline runs on the same ``n_pairs`` pairs of ``workload`` (the pairs all at once, and
+    one request's pairs per call) before, between and after them: the medians, so that load from elsewhere on the
+    machine falls on both sides alike."""
     from .. import Scorer
     from ..bench.workloads import make_pairs
     from ..zoo import minilm_cross_encoder
@@ -118,38 +129,39 @@ def run(model=None, clients: int = 32, seconds: float = 30.0, workload: str = "s
     all_at_once = lambda: scorer.predict(pairs)  # noqa: E731
     per_request = lambda: [scorer.predict(list(zip(b["text_1"], b["text_2"]))) for b in bodies]  # noqa: E731
     expected = per_request()
-    offline_all, offline_each = _rate(all_at_once, len(pairs), repeats), _rate(per_request, len(pairs), repeats)
     app = create_app(scorer, "bench", Limits(max_queue=4 * clients))
-    load = os.getloadavg()[0]
+    offline_all, offline_each, results, load = [], [], [], os.getloadavg()[0]
     with ServerThread(app) as server, ProcessPoolExecutor(1, mp_context=get_context("spawn")) as clients_process:
+        for i in range(rounds + 1):  # the server is idle between rounds: the offline runs have the Scorer alone
+            offline_all.append(_rate(all_at_once, len(pairs)))
+            offline_each.append(_rate(per_request, len(pairs)))
+            if i < rounds:
+                results.append(clients_process.submit(drive, server.url, bodies, expected, clients, seconds / rounds,
+                                                      min(2.0, seconds / rounds / 5)).result())
         batcher = app.state.batcher
-        result = clients_process.submit(drive, server.url, bodies, expected, clients, seconds,
-                                        min(5.0, seconds / 5)).result()
         calls, requests = batcher.calls, batcher.requests
-    # offline again after the load: the better of the two rates, so that a machine busier before than during the
-    # load does not flatter the ratio
-    offline_all = max(offline_all, _rate(all_at_once, len(pairs), 1))
-    offline_each = max(offline_each, _rate(per_request, len(pairs), 1))
     return {"model": "MiniLM-L6 cross-encoder" if model is None else str(model), "dtype": dtype, "device": device,
-            "workload": workload, "clients": clients, "seconds": seconds, "result": result,
-            "offline_all": offline_all, "offline_each": offline_each, "requests_per_call": requests / max(calls, 1),
-            "load": (load, os.getloadavg()[0])}
+            "workload": workload, "clients": clients, "seconds": seconds, "rounds": rounds,
+            "result": _merged(results), "served": float(np.median([r.pairs_per_s for r in results])),
+            "offline_all": float(np.median(offline_all)), "offline_each": float(np.median(offline_each)),
+            "requests_per_call": requests / max(calls, 1), "load": (load, os.getloadavg()[0])}
 
 
 def report_section(row: dict, command: str, machine: str) -> str:
     """The ``## Serving`` section of reports/throughput.md."""
     r: LoadResult = row["result"]
-    served = r.pairs_per_s
+    served = row["served"]
     return "\n".join([
         "## Serving", "",
         f"Machine: {machine}. {datetime.date.today().isoformat()}. Regenerate with `{command}`.", "",
         f"`xenc-lab serve`'s app (uvicorn, in a thread of the benchmark's process) and {row['clients']} concurrent "
         f"clients (httpx on asyncio, in a process of their own on the same machine) posting `/score` requests of "
         f"{DOCS_PER_REQUEST} (query, passage) pairs N:N, `make_pairs(\"{row['workload']}\")` texts, for "
-        f"{row['seconds']:.0f} s after a warm-up; each answer is checked against its own pairs' offline scores. "
-        "Offline: `Scorer.predict` on the same pairs in the same process, before the server started and after it "
-        "stopped (the better rate), the pairs all in one call (the engine's best case) and one request's pairs per "
-        "call (no batching across requests). "
+        f"{row['seconds']:.0f} s in {row['rounds']} rounds, each after a short warm-up; each answer is checked against "
+        "its own pairs' offline scores. Offline: `Scorer.predict` on the same pairs in the same process, before, "
+        "between and after the rounds (the server idle), the pairs all in one call (the engine's best case) and one "
+        "request's pairs per call (no batching across requests). Rates are medians over the rounds and over the "
+        "offline runs; `requests` and `failed` (an error, or scores other than the request's own) are totals. "
         "`requests per engine call`: how many requests the batcher merged into each `predict` call, on average.", "",
         "| model | dtype | clients | requests | failed | pairs/s served | offline, all at once | ratio | "
         "offline, per request | ratio | latency p50 / p95 | requests per engine call |",
@@ -182,9 +194,9 @@ def run_command(args) -> int:
         torch.set_num_threads(args.threads)
     row = run(args.model, clients=args.clients, seconds=args.seconds, workload=(args.workloads or ["short"])[0],
               n_pairs=args.pairs or 512, dtype=(args.dtypes or ["float32"])[0], device=args.device,
-              compile=args.compile, repeats=args.repeats)
+              compile=args.compile, rounds=args.repeats)
     r = row["result"]
-    print(f"served {r.pairs_per_s:.1f} pairs/s ({r.requests} requests, {r.failed} failed, {r.mismatched} with other "
+    print(f"served {row['served']:.1f} pairs/s ({r.requests} requests, {r.failed} failed, {r.mismatched} with other "
           f"scores); offline {row['offline_all']:.1f} pairs/s all at once, {row['offline_each']:.1f} per request; "
           f"{row['requests_per_call']:.1f} requests per engine call")
     for error in r.errors:
