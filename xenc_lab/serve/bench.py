@@ -171,7 +171,8 @@ def report_section(row: dict, command: str, machine: str) -> str:
         f"{served / row['offline_each']:.2f}x | {r.latency_ms(0.5):.0f} / {r.latency_ms(0.95):.0f} ms | "
         f"{row['requests_per_call']:.1f} |", "",
         f"Load average (1 min) when the run began and ended: {row['load'][0]:.1f} and {row['load'][1]:.1f}, on "
-        f"{os.cpu_count()} CPUs; the clients' JSON and HTTP work shares the machine with the engine.", "",
+        f"{os.cpu_count()} CPUs: other work on the machine, and the clients' own JSON and HTTP work, slow both sides; "
+        "the rounds alternate with the offline runs so that it falls on both alike.", "",
     ])
 
 
