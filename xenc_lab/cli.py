@@ -91,6 +91,10 @@ def bench(args: argparse.Namespace) -> int:
     from . import bench as B
     from .bench.workloads import load_pairs
 
+    if args.serve:
+        from .serve.bench import run_command as serve_bench
+
+        return serve_bench(args)
     if args.decoder is not None:
         return decoder_bench(args)
     workloads = list(args.workloads or ([] if args.pairs_file else ["short", "mixed", "long"]))
@@ -194,6 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                         "384 wide, 6 layers, 100 documents; qwen3-tiny) or decoder checkpoint directories (100 "
                         "documents); none: qwen3-0.6b and qwen3-small. --pairs sets the documents; --report DIR "
                         "writes DIR/throughput.md's '## Decoder rerankers' section, keeping the rest")
+    b.add_argument("--serve", action="store_true",
+                   help="time `xenc-lab serve` instead: --clients concurrent clients post /score requests of 16 pairs "
+                        "for --seconds seconds in --repeats rounds; served pairs/s against Scorer.predict's on the "
+                        "same pairs between the rounds (--pairs, default 512, of the first of --workloads, default "
+                        "short); --report DIR writes "
+                        "DIR/throughput.md's '## Serving' section, keeping the rest")
+    b.add_argument("--clients", type=_positive_int, default=32, help="--serve: concurrent clients (default 32)")
+    b.add_argument("--seconds", type=_positive_int, default=30, help="--serve: seconds of load (default 30)")
     b.add_argument("--report", default=None, metavar="DIR", help="write DIR/throughput.md and DIR/throughput.png")
     b.set_defaults(func=bench)
     from .ir.command import add_parser as add_rerank
@@ -205,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     add_score(sub, _positive_int)
 
     add_report(sub)
+    from .serve.command import add_parser as add_serve
+
+    add_serve(sub, _positive_int)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv

@@ -1,6 +1,6 @@
 """``xenc-lab report``: regenerates every report in ``reports/`` on this machine (parity, throughput, decoder
-throughput, precision and rankings) and executes the notebooks in place, so that they are stored with their
-outputs."""
+throughput, serving throughput, precision and rankings) and executes the notebooks in place, so that they are stored
+with their outputs."""
 from __future__ import annotations
 
 import argparse
@@ -14,15 +14,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # a clone's root: parity_tests/ and notebooks/ live there
-PARTS = ("parity", "throughput", "decoder", "precision", "memory", "notebooks")
+PARTS = ("parity", "throughput", "decoder", "serving", "precision", "memory", "notebooks")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="regenerate the reports in reports/ and the notebooks' stored outputs",
                        description="Regenerates the reports on this machine, each with the machine and versions: "
                                    "parity (pytest parity_tests: reports/parity.md), throughput (bench --memory), "
-                                   "decoder (bench --decoder), precision (fp32 against bf16, compile and a shorter "
-                                   "max_length, on scores, rankings and metrics: precision.md and precision.png), "
+                                   "decoder (bench --decoder), serving (bench --serve: served against offline "
+                                   "pairs/s), precision (fp32 against bf16, compile and a shorter max_length, on "
+                                   "scores, rankings and metrics: precision.md and precision.png), "
                                    "memory (a million pairs streamed through predict: memory.md), "
                                    "and notebooks (each executed and saved with its outputs). Needs a clone of the "
                                    "repository (parity_tests/, notebooks/).")
@@ -66,6 +67,10 @@ def throughput(out: Path) -> None:
 
 def decoder(out: Path) -> None:
     _bench("--decoder", "--report", str(out))
+
+
+def serving(out: Path) -> None:
+    _bench("--serve", "--report", str(out))
 
 
 def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xenc-lab report precision",
@@ -188,6 +193,7 @@ def run_command(args: argparse.Namespace) -> int:
         "parity": lambda: parity(out),
         "throughput": lambda: throughput(out),
         "decoder": lambda: decoder(out),
+        "serving": lambda: serving(out),
         "precision": lambda: print(f"wrote {precision(out, args.queries, command=command)}"),
         "memory": lambda: print(f"wrote {memory(out, command=command)}"),
         "notebooks": lambda: notebooks(out),
