@@ -293,7 +293,9 @@ def test_a_decoder_reranker_shares_the_querys_prefix_and_serves_predicts_scores(
 
     scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("decoder")), device="cpu")
     docs = [f"passage {i} about rivers and mountains" for i in range(8)]
+    assert scorer.tokenizer.local_files
     with ServerThread(create_app(scorer, "qwen3")) as server:
+        assert not scorer.tokenizer.local_files  # a served text is never looked up as a file
         response = _post(server.url, "/rerank", {"query": "where do rivers start", "documents": docs})
         counts = (scorer.token_counts.total, scorer.token_counts.computed)  # the request's own predict call
         nn = _post(server.url, "/score", {"queries": ["a", "b"], "documents": ["c", "d"]})
@@ -353,3 +355,13 @@ def test_no_request_generated_from_the_openapi_schema_gets_a_server_error(served
     answered_without_a_server_error()
     print(f"{len(seen)} requests: " + ", ".join(f"{code}: {seen.count(code)}" for code in sorted(set(seen))))
     assert 200 in seen and 400 in seen
+
+
+def test_a_served_decoder_never_asks_the_file_system_about_a_text(tmp_path, monkeypatch):
+    import xenc_lab.chat as chat
+
+    looked = []
+    monkeypatch.setattr(chat.os.path, "isfile", lambda p: looked.append(p) or True)
+    assert chat.text_kind("/etc/passwd.png") == "image" and looked == ["/etc/passwd.png"]  # as sentence-transformers
+    looked.clear()
+    assert chat.text_kind("/etc/passwd.png", local_files=False) == "text" and looked == []

@@ -53,22 +53,23 @@ def _is_url(text: str) -> bool:
     return text.startswith(("http://", "https://")) and " " not in text
 
 
-def _is_media(text: str, extensions: tuple[str, ...]) -> bool:
+def _is_media(text: str, extensions: tuple[str, ...], local_files: bool = True) -> bool:
     if _is_url(text):
         try:
             return urlparse(text).path.lower().endswith(extensions)
         except ValueError:
             return False
-    return text.lower().endswith(extensions) and os.path.isfile(text)
+    return local_files and text.lower().endswith(extensions) and os.path.isfile(text)
 
 
-def text_kind(text: str) -> str:
+def text_kind(text: str, local_files: bool = True) -> str:
     """What sentence-transformers takes one text of a pair for (``infer_modality``, which ``pair_to_messages`` calls
     without the model's modalities): "image", "video" or "audio" for a media URL or an existing media file's path,
-    else "text". Typed content then carries the text under that type, which a text-only template does not render."""
-    if text.startswith("data:image/") or _is_media(text, _IMAGE):
+    else "text". Typed content then carries the text under that type, which a text-only template does not render.
+    ``local_files=False`` never asks the file system (a server: a request must not learn which paths exist)."""
+    if text.startswith("data:image/") or _is_media(text, _IMAGE, local_files):
         return "image"
-    if _is_media(text, _VIDEO):
+    if _is_media(text, _VIDEO, local_files):
         return "video"
     if _is_url(text):
         try:
@@ -76,7 +77,7 @@ def text_kind(text: str) -> str:
                 return "video"
         except ValueError:
             pass
-    return "audio" if _is_media(text, _AUDIO) else "text"
+    return "audio" if _is_media(text, _AUDIO, local_files) else "text"
 
 
 def uses_chat_template(tokenizer, save: CrossEncoderSave) -> bool:
@@ -164,6 +165,7 @@ class ChatPairTokenizer:
         if chat_max_length is not None and max_length is None:
             self.max_length, self.max_length_source = chat_max_length, f"{where}' chat_template"
         self.format = message_format(self.tokenizer, getattr(config, "model_type", ""), save)
+        self.local_files = True  # a text naming an existing media file is typed as that media, as there
         self.name = getattr(config, "name_or_path", None) or str(path)
         self._check_pair_roles()
         self.emits_token_type_ids = "token_type_ids" in self.tokenizer.model_input_names
@@ -188,7 +190,7 @@ class ChatPairTokenizer:
         conversation = [{"role": "system", "content": self._content(prompt)}] if prompt else []
         structured = self.format == "structured"
         for role, text in zip(PAIR_ROLES, (text_1, text_2)):
-            kind = text_kind(text) if structured else "text"
+            kind = text_kind(text, self.local_files) if structured else "text"
             conversation.append({"role": role, "content": self._content(text, kind)})
         return conversation
 

@@ -63,6 +63,8 @@ def create_app(scorer, served_name: str | None = None, limits: Limits = Limits()
     if scorer.num_labels != 1:
         raise ValueError(f"the scoring API needs a one-label model (num_labels == 1, as vLLM's); this one has "
                          f"{scorer.num_labels} labels ({', '.join(scorer.labels)})")
+    if hasattr(scorer.tokenizer, "local_files"):  # a request's text must not make the server look for a file
+        scorer.tokenizer.local_files = False
     name, started = served_name or scorer.config.model, int(time.time())
 
     @asynccontextmanager
