@@ -90,7 +90,7 @@ def score_dataset(ds, model, text_1: str = "text_1", text_2: str = "text_2", col
     if num_cpus is None:  # one CPU is left to Ray Data's read and write tasks, or they would wait for the actors
         num_cpus = max(0.25, (cpus - 1) / concurrency)
     device = scorer_options.pop("device", "cuda" if num_gpus else "cpu")
-    ray.data.DataContext.get_current().execution_options.preserve_order = True  # rows come back in input order
+    ds.context.execution_options.preserve_order = True  # rows come back in input order (a Dataset keeps its own settings)
     return ds.map_batches(
         ScoreBatches, fn_constructor_args=(str(model), text_1, text_2, column, threads,
                                            {"device": device, **scorer_options}, dict(predict_options or {})),
