@@ -50,11 +50,19 @@ SHOWS = {
         ("moved = pd.concat(", TABLE),  # the queries behind the metric deltas
         ("fig = result.plot(", FIGURE),  # the three levels in one figure
     ],
+    "06_scale_out_with_ray.ipynb": [
+        ("table.head(3)", TABLE),  # the pair table written to parquet
+        ("plans = pd.DataFrame(", TABLE),  # what each actor asks of Ray, and its threads
+        ("checks = pd.DataFrame(checks).T", TABLE),  # every row once, in order, the one process's scores
+        ("speed = pd.DataFrame(", TABLE),  # pairs/s: one process, 1 actor, 2 actors; per worker
+        ("left.step(", FIGURE),  # rows over time (start-up), pairs/s while scoring
+    ],
 }
 # Code cells after the last figure or table: 01 ends in its throughput table; in 02 the compile and GPU sections,
-# which print text, follow the bf16 histogram.
+# which print text, follow the bf16 histogram; 06 stops its Ray cluster after its figure.
 TRAILING_TEXT_CELLS = {"01_quickstart.ipynb": 0, "02_speed_and_precision.ipynb": 2, "03_decoder_rerankers.ipynb": 0,
-                       "04_reranking_experiment.ipynb": 0, "05_precision_and_rankings.ipynb": 0}
+                       "04_reranking_experiment.ipynb": 0, "05_precision_and_rankings.ipynb": 0,
+                       "06_scale_out_with_ray.ipynb": 1}
 
 
 def test_the_glob_finds_exactly_the_notebooks_that_are_checked():

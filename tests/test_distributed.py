@@ -11,7 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from xenc_lab.distributed import RayScorer, score_dataset
+from xenc_lab.distributed import RayScorer, actor_rate, plan_actors, read_table, score_dataset
 
 ROWS = 100_000
 KILL_ROWS = 30_000
@@ -38,18 +38,32 @@ def table(tmp_path_factory):
     return path, frame
 
 
-def _expected(scorer, frame, block):
-    """Single-process scores of the same rows in the same blocks (bitwise what an actor computes)."""
+def _expected(scorer, frame, block, concurrency):
+    """Single-process scores of the same rows in the same blocks, with an actor's torch threads (bitwise what the
+    actor computes)."""
+    import torch
+
     pairs = list(zip(frame["text_1"], frame["text_2"]))
-    return np.concatenate([scorer.predict(pairs[i:i + block]) for i in range(0, len(pairs), block)])
+    before = torch.get_num_threads()
+    torch.set_num_threads(plan_actors(concurrency).threads)
+    try:
+        return np.concatenate([scorer.predict(pairs[i:i + block]) for i in range(0, len(pairs), block)])
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_parquet_table_scored_by_two_actors_gives_single_process_scores_in_order(local_ray, table, tiny_dir, scorer):
     path, frame = table
-    out = score_dataset(str(path), tiny_dir, concurrency=2, batch_size=4096).to_pandas()
+    start = time.perf_counter()
+    scored = score_dataset(str(path), tiny_dir, concurrency=2, batch_size=4096).materialize()
+    elapsed = time.perf_counter() - start
+    assert scored.num_blocks() == -(-ROWS // 4096)  # one file, cut into a block per actor call: both actors work
+    # An actor's rate: its rows over its calls' summed time, which two actors cannot spend in more than 2 x elapsed.
+    assert ROWS / actor_rate(scored) <= 2 * elapsed
+    out = scored.to_pandas()
     assert list(out.columns) == ["id", "text_1", "text_2", "score"]
     np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(ROWS))  # no row lost, doubled or moved
-    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 4096))
+    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 4096, 2))
     assert out["score"].std() > 0.05  # scores that vary: equality is not luck
 
 
@@ -64,7 +78,10 @@ def test_an_actor_killed_mid_run_is_restarted_and_no_row_is_lost_or_doubled(loca
                                                                               tmp_path):
     _, frame = table
     frame = frame.iloc[:KILL_ROWS]
-    frame.to_parquet(tmp_path / "pairs.parquet", index=False)
+    cuts = [0, 1, 1500, 1700, 9100, 20000, KILL_ROWS]  # a folder of uneven files: blocks cut across them
+    (tmp_path / "parts").mkdir()
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        frame.iloc[a:b].to_parquet(tmp_path / "parts" / f"part-{i:02d}.parquet", index=False)
     killed = []
 
     def kill_one():
@@ -79,11 +96,36 @@ def test_an_actor_killed_mid_run_is_restarted_and_no_row_is_lost_or_doubled(loca
 
     killer = threading.Thread(target=kill_one)
     killer.start()
-    out = score_dataset(str(tmp_path / "pairs.parquet"), tiny_dir, concurrency=2, batch_size=1024).to_pandas()
+    out = score_dataset(str(tmp_path / "parts"), tiny_dir, concurrency=2, batch_size=1024).to_pandas()
     killer.join()
     assert killed, "no actor was found to kill"
     np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(KILL_ROWS))
-    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 1024))
+    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 1024, 2))
+
+
+def test_actors_spread_over_the_nodes_cpus_leaving_one_to_reading(local_ray):
+    assert plan_actors(1) == plan_actors(1, None, 0, None)
+    one, two = plan_actors(1), plan_actors(2)
+    assert (one.num_cpus, one.threads) == (1.0, 2)  # the read tasks' CPU is reserved, its time shared
+    assert (two.num_cpus, two.threads) == (0.5, 1)
+    assert (plan_actors(2, num_cpus=4).num_cpus, plan_actors(2, num_cpus=4).threads) == (4.0, 4)
+    assert plan_actors(2, threads=3).threads == 3
+    for bad in ({"concurrency": 0}, {"threads": 1.5}, {"num_cpus": -1}, {"num_gpus": "1"}):
+        with pytest.raises(ValueError, match="must be"):
+            plan_actors(**{"concurrency": 1, **bad})
+
+
+def test_paths_uris_and_formats(local_ray, table, tmp_path):
+    path, frame = table
+    assert read_table(f"file://{path}").count() == ROWS
+    frame.iloc[:10].to_json(tmp_path / "pairs.txt", orient="records", lines=True)
+    assert read_table(tmp_path / "pairs.txt", format="jsonl").count() == 10
+    with pytest.raises(ValueError, match="say which with format="):
+        read_table(str(tmp_path / "pairs.txt"))
+    with pytest.raises(ValueError, match="format must be one of"):
+        read_table(str(path), format="xlsx")
+    with pytest.raises(FileNotFoundError):
+        read_table(str(tmp_path / "nothing.parquet"))
 
 
 def test_ray_scorer_predicts_like_the_scorer_for_tools_that_take_one(local_ray, tiny_dir, scorer):
@@ -125,9 +167,14 @@ def test_score_command_on_ray_writes_the_scored_table(local_ray, table, tmp_path
     path, frame = table
     small = frame.iloc[:2000]
     small.to_parquet(tmp_path / "in.parquet", index=False)
-    assert main(["score", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet"), "--model", str(tiny_dir),
-                 "--ray-address", "local", "--concurrency", "1"]) == 0
-    out = pd.read_parquet(tmp_path / "out.parquet")  # a folder of parquet files, read as one table
-    np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(2000))
+    # OUT, a folder without a suffix, takes IN's format; once there it is refused, then replaced on --overwrite.
+    argv = ["score", str(tmp_path / "in.parquet"), str(tmp_path / "scored"), "--model", str(tiny_dir),
+            "--ray-address", "local", "--concurrency", "1"]
+    assert main(argv) == 0
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert main(argv + ["--overwrite", "--batch-size", "500"]) == 0
+    out = pd.read_parquet(tmp_path / "scored")  # a folder of parquet files, read as one table
+    np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(2000))  # replaced, not appended to
     np.testing.assert_allclose(out["score"], scorer.predict(list(zip(small["text_1"], small["text_2"]))),
                                rtol=0, atol=1e-6)

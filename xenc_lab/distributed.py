@@ -3,9 +3,12 @@ callable class), the same engine and the same scores as one process, with Ray's 
 Needs the ``ray`` extra (``pip install 'xenc-lab[ray]'``)."""
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
-RETRIES = 3  # an actor that dies is restarted and its batch retried this many times
+KINDS = {"parquet": (".parquet",), "jsonl": (".jsonl", ".json"), "csv": (".csv",)}
+READERS = {"parquet": "read_parquet", "jsonl": "read_json", "csv": "read_csv"}
 
 
 def _ray():
@@ -18,16 +21,16 @@ def _ray():
 
 
 class ScoreBatches:
-    """The actor: one Scorer, loaded once; each batch (a pandas DataFrame) comes back with its score column(s)."""
+    """The actor: one Scorer, loaded once, running ``threads`` torch threads; each batch (a pandas DataFrame) comes
+    back with its score column(s)."""
 
-    def __init__(self, model, text_1: str, text_2: str, column: str, threads: int | None, scorer_options: dict,
+    def __init__(self, model, text_1: str, text_2: str, column: str, threads: int, scorer_options: dict,
                  predict_options: dict):
         import torch
 
         from .scorer import Scorer
 
-        if threads:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
         self.scorer = Scorer(model, **scorer_options)
         self.text_1, self.text_2, self.column, self.predict_options = text_1, text_2, column, predict_options
 
@@ -36,9 +39,47 @@ class ScoreBatches:
                                        **self.predict_options)
 
 
-def read_table(source):
-    """A Ray Dataset from a Dataset (returned as is), a parquet, JSON lines or CSV path (a file or a folder), or a
-    pandas DataFrame."""
+@dataclass(frozen=True)
+class ActorPlan:
+    """What each of ``concurrency`` actors asks Ray for (``num_cpus``, ``num_gpus``) and the torch threads it runs."""
+    concurrency: int
+    num_cpus: float
+    num_gpus: float
+    threads: int
+
+
+def plan_actors(concurrency: int = 1, num_cpus: float | None = None, num_gpus: float = 0,
+                threads: int | None = None) -> ActorPlan:
+    """The resources and threads ``score_dataset`` gives its actors. By default the actors spread evenly over the
+    nodes with CPUs, and on each node they share its CPUs but one, which Ray Data's read and write tasks need (on two
+    cores, with every CPU given to actors, reading waits forever); each runs as many torch threads as its share of
+    the node's CPUs, that one included, rounded (the read tasks are short). A given ``num_cpus`` is taken as is,
+    with as many threads, rounded, unless ``threads`` says otherwise."""
+    ray = _ray()
+    for name, value in (("concurrency", concurrency), ("threads", threads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    if ray.is_initialized():
+        node_cpus = [n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+    else:
+        node_cpus = [os.cpu_count() or 1]
+    cpus = min(node_cpus or [1])  # the smallest node, so every actor fits wherever it is placed
+    per_node = math.ceil(concurrency / max(1, len(node_cpus)))
+    if num_cpus is None:
+        num_cpus = max(0.25, (cpus - 1) / per_node)
+        shared = cpus / per_node
+    else:
+        shared = num_cpus
+    return ActorPlan(concurrency, float(num_cpus), float(num_gpus), threads or max(1, round(shared)))
+
+
+def read_table(source, format: str | None = None):
+    """A Ray Dataset from a Dataset (returned as is), a pandas DataFrame, or a parquet, JSON lines or CSV path: a
+    file or a folder, on this machine or at a URI Ray reads (``s3://``, ``gs://``...). ``format`` ("parquet",
+    "jsonl" or "csv") is needed only when neither the name nor the folder's files say it."""
     ray = _ray()
     if isinstance(source, ray.data.Dataset):
         return source
@@ -47,56 +88,73 @@ def read_table(source):
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"expected a Ray Dataset, a DataFrame or a path, got {type(source).__name__}")
     path = os.fspath(source)
-    if not os.path.exists(path):
+    if format is not None and format not in READERS:
+        raise ValueError(f"format must be one of {sorted(READERS)}, got {format!r}")
+    remote = "://" in path and not path.startswith("file://")
+    if not remote and not os.path.exists(path.removeprefix("file://")):
         raise FileNotFoundError(f"no such file or folder: {path}")
-    kind = _kind(path)
-    return {"parquet": ray.data.read_parquet, "jsonl": ray.data.read_json, "csv": ray.data.read_csv}[kind](path)
+    if format is not None:  # the name says nothing: read every file, whatever its suffix
+        return getattr(ray.data, READERS[format])(path, file_extensions=None)
+    return getattr(ray.data, READERS[table_kind(path, None if remote else path.removeprefix("file://"))])(path)
 
 
-def _kind(path: str) -> str:
-    name = path.rstrip("/").lower().removesuffix(".gz")
-    if os.path.isdir(path):
-        names = [f.lower() for f in os.listdir(path)]
-        for kind, ends in (("parquet", (".parquet",)), ("jsonl", (".jsonl", ".json")), ("csv", (".csv",))):
-            if any(f.endswith(ends) for f in names):
+def table_kind(name: str, local: str | None = None) -> str:
+    """"parquet", "jsonl" or "csv", from a name's suffix (``.gz`` aside) or, for a local folder, its files."""
+    if local is not None and os.path.isdir(local):
+        files = [f.lower().removesuffix(".gz") for f in os.listdir(local)]
+        for kind, ends in KINDS.items():
+            if any(f.endswith(ends) for f in files):
                 return kind
-        raise ValueError(f"{path} holds no .parquet, .jsonl or .csv files")
-    for kind, ends in (("parquet", (".parquet",)), ("jsonl", (".jsonl", ".json")), ("csv", (".csv",))):
-        if name.endswith(ends):
+        raise ValueError(f"{name} holds no .parquet, .jsonl or .csv files")
+    base = name.rstrip("/").lower().removesuffix(".gz")
+    for kind, ends in KINDS.items():
+        if base.endswith(ends):
             return kind
-    raise ValueError(f"{path}: expected a .parquet, .jsonl or .csv file (or a folder of them)")
+    raise ValueError(f"{name}: expected a .parquet, .jsonl or .csv file (or a folder of them; for a remote folder "
+                     f"say which with format=)")
 
 
 def score_dataset(ds, model, text_1: str = "text_1", text_2: str = "text_2", column: str = "score", *,
-                  concurrency: int = 1, num_cpus: float | None = None, num_gpus: float = 0, batch_size: int = 4096,
+                  concurrency: int = 1, num_cpus: float | None = None, num_gpus: float = 0,
+                  threads: int | None = None, batch_size: int = 4096, format: str | None = None,
                   predict_options: dict | None = None, **scorer_options):
-    """``ds`` (a Ray Dataset, a parquet/JSON lines/CSV path or a DataFrame) with a score column added by a pool of
-    ``concurrency`` Scorer actors, each asking Ray for ``num_cpus`` CPUs (default: the cluster's CPUs but one, which
-    Ray Data's read and write tasks need, over the actors) and ``num_gpus`` GPUs, with as many torch threads as it
-    has CPUs, rounded; ``scorer_options`` (``dtype``, ``compile``, ``max_length``...) go to each
-    ``Scorer``, ``predict_options`` (``prompt``, ``max_length``, ``batch_size``...) to its ``predict``. Rows keep
-    their order and every other column; ``batch_size`` rows go to an actor at a time. Lazy, as Ray Datasets are:
-    write or collect it."""
+    """``ds`` (a Ray Dataset, a DataFrame, or a parquet/JSON lines/CSV path or URI) with a score column added by a
+    pool of ``concurrency`` Scorer actors. Each asks Ray for ``num_cpus`` CPUs and ``num_gpus`` GPUs and runs
+    ``threads`` torch threads (defaults: ``plan_actors``). ``scorer_options`` (``dtype``, ``compile``,
+    ``max_length``...) go to each ``Scorer``, ``predict_options`` (``prompt``, ``max_length``...) to its
+    ``predict``. Rows keep their order and every other column. The table is cut into blocks of ``batch_size``
+    rows, one actor call each, so that every actor has work even when the input is one file. Lazy, as Ray Datasets
+    are: write or collect it."""
     ray = _ray()
-    for name, value in (("concurrency", concurrency), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    ds = read_table(ds)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    plan = plan_actors(concurrency, num_cpus, num_gpus, threads)
+    ds = read_table(ds, format)
     missing = [c for c in (text_1, text_2) if c not in ds.columns()]
     if missing:
         raise ValueError(f"the dataset has no column(s) {missing}; its columns are {ds.columns()}")
-    cpus = ray.cluster_resources().get("CPU", 1) if ray.is_initialized() else os.cpu_count() or 1
-    threads = max(1, round(num_cpus or cpus / concurrency))  # each actor's torch threads
-    if num_cpus is None:  # one CPU is left to Ray Data's read and write tasks, or they would wait for the actors
-        num_cpus = max(0.25, (cpus - 1) / concurrency)
     device = scorer_options.pop("device", "cuda" if num_gpus else "cpu")
     ds.context.execution_options.preserve_order = True  # rows come back in input order (a Dataset keeps its own settings)
+    # Blocks of exactly batch_size rows (the last aside), each one actor call; streamed. One file is one block otherwise.
+    ds = ds.repartition(target_num_rows_per_block=batch_size, strict=True)
+    # Ray Data restarts a dead actor and retries its batch by default (max_restarts=-1, max_task_retries=-1).
     return ds.map_batches(
-        ScoreBatches, fn_constructor_args=(str(model), text_1, text_2, column, threads,
+        ScoreBatches, fn_constructor_args=(str(model), text_1, text_2, column, plan.threads,
                                            {"device": device, **scorer_options}, dict(predict_options or {})),
-        batch_format="pandas", batch_size=batch_size, concurrency=concurrency, num_cpus=num_cpus, num_gpus=num_gpus,
-        max_restarts=RETRIES, max_task_retries=RETRIES,
+        batch_format="pandas", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=plan.concurrency),
+        num_cpus=plan.num_cpus, num_gpus=plan.num_gpus, udf_modifying_row_count=False,
     )
+
+
+def actor_rate(ds) -> float:
+    """Pairs/s of one actor while scoring, from a scored Dataset that has run (iterated, written or collected): the
+    rows of its ``ScoreBatches`` stage over the summed wall time of their calls (Ray Data's "estimated single task
+    throughput"); NaN where Ray's stats do not say."""
+    import re
+
+    stage = re.search(r"MapBatches\(ScoreBatches\).*?(?=\nOperator |\nDataset throughput|\Z)", ds.stats(), re.S)
+    rate = stage and re.search(r"Estimated single task throughput: ([\d.e+]+) rows/s", stage.group(0))
+    return float(rate.group(1)) if rate else float("nan")
 
 
 class RayScorer:
