@@ -2,12 +2,12 @@
 and in order, also when an actor is killed mid-run (Ray restarts it and retries its batch)."""
 import os
 import signal
-import threading
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -38,7 +38,7 @@ def table(tmp_path_factory):
     return path, frame
 
 
-def _expected(scorer, frame, block, concurrency):
+def _expected(scorer, frame, block, concurrency, **options):
     """Single-process scores of the same rows in the same blocks, with an actor's torch threads (bitwise what the
     actor computes)."""
     import torch
@@ -47,7 +47,7 @@ def _expected(scorer, frame, block, concurrency):
     before = torch.get_num_threads()
     torch.set_num_threads(plan_actors(concurrency).threads)
     try:
-        return np.concatenate([scorer.predict(pairs[i:i + block]) for i in range(0, len(pairs), block)])
+        return np.concatenate([scorer.predict(pairs[i:i + block], **options) for i in range(0, len(pairs), block)])
     finally:
         torch.set_num_threads(before)
 
@@ -67,13 +67,6 @@ def test_a_parquet_table_scored_by_two_actors_gives_single_process_scores_in_ord
     assert out["score"].std() > 0.05  # scores that vary: equality is not luck
 
 
-def _map_workers() -> list[int]:
-    """PIDs of the Scorer actors (Ray names their processes ``ray::MapWorker(...)``)."""
-    import psutil
-
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if any("ray::MapWorker" in c for c in p.info["cmdline"] or [])]
-
-
 def test_an_actor_killed_mid_run_is_restarted_and_no_row_is_lost_or_doubled(local_ray, table, tiny_dir, scorer,
                                                                               tmp_path):
     _, frame = table
@@ -82,25 +75,27 @@ def test_an_actor_killed_mid_run_is_restarted_and_no_row_is_lost_or_doubled(loca
     (tmp_path / "parts").mkdir()
     for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
         frame.iloc[a:b].to_parquet(tmp_path / "parts" / f"part-{i:02d}.parquet", index=False)
-    killed = []
+    calls, killed = tmp_path / "calls", tmp_path / "killed"
 
-    def kill_one():
-        deadline = time.time() + 60
-        while time.time() < deadline and not killed:
-            workers = _map_workers()
-            if workers:
-                time.sleep(2.0)  # let it load its model and score a batch or two first
-                os.kill(workers[0], signal.SIGKILL)
-                killed.append(workers[0])
-            time.sleep(0.2)
+    class KillOnce:
+        """The identity as the activation, which SIGKILLs its actor's process in the fourth call of the run (its
+        block half scored), once: a crash in the middle of the job."""
 
-    killer = threading.Thread(target=kill_one)
-    killer.start()
-    out = score_dataset(str(tmp_path / "parts"), tiny_dir, concurrency=2, batch_size=1024).to_pandas()
-    killer.join()
-    assert killed, "no actor was found to kill"
+        def __call__(self, logits):
+            with open(calls, "a") as f:
+                f.write(".")
+            if calls.stat().st_size == 4 and not killed.exists():
+                killed.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return logits
+
+    out = score_dataset(str(tmp_path / "parts"), tiny_dir, concurrency=2, batch_size=1024,
+                        predict_options={"activation_fn": KillOnce()}).to_pandas()
+    assert killed.exists(), "no actor was killed"
+    assert calls.stat().st_size == -(-KILL_ROWS // 1024) + 1  # every block once, the killed one twice
     np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(KILL_ROWS))
-    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 1024, 2))
+    identity = torch.nn.Identity()
+    np.testing.assert_array_equal(out["score"].to_numpy(), _expected(scorer, frame, 1024, 2, activation_fn=identity))
 
 
 def test_actors_spread_over_the_nodes_cpus_leaving_one_to_reading(local_ray):
