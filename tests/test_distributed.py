@@ -78,8 +78,8 @@ def test_an_actor_killed_mid_run_is_restarted_and_no_row_is_lost_or_doubled(loca
     calls, killed = tmp_path / "calls", tmp_path / "killed"
 
     class KillOnce:
-        """The identity as the activation, which SIGKILLs its actor's process in the fourth call of the run (its
-        block half scored), once: a crash in the middle of the job."""
+        """The identity as the activation, which SIGKILLs its actor's process in the run's fourth call, before the
+        call returns, once: a crash in the middle of the job."""
 
         def __call__(self, logits):
             with open(calls, "a") as f:

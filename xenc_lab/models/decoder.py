@@ -20,7 +20,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from ..ops.linear import fuse_linears
+from ..ops.linear import fuse_linears, linear_plus
 from ..ops.paged_attention import chunk_attention, last_token_attention
 from .base import PackedModel
 
@@ -143,11 +143,11 @@ class Attention(nn.Module):
             self.qk_norm_heads.weight = nn.Parameter(weight, requires_grad=False)
             del self.q_norm, self.k_norm
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch, cache,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch, cache, residual: torch.Tensor,
                 last: bool = False) -> torch.Tensor:
-        """(T, d) -> (T, d): the attention's output projection (no residual); ``last``: (R, d), the rows
-        ``batch.last_index`` only (every token's keys and values are still made, and stored where the cache keeps
-        them)."""
+        """(T, d) -> (T, d): ``residual`` plus the attention's output projection (the add inside the GEMM where the
+        layer is prepacked); ``last``: (R, d), the rows ``batch.last_index`` only (every token's keys and values are
+        still made, and stored where the cache keeps them), ``residual`` being those rows'."""
         T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         qk, v = qkv[:, : (H + KVH) * D].view(T, H + KVH, D), qkv[:, (H + KVH) * D :].view(T, KVH, D)
@@ -155,9 +155,8 @@ class Attention(nn.Module):
             qk = self.qk_norm_heads(qk)
         qk = rotate(qk, *rope)  # q's heads and k's together
         q, k = qk[:, :H], qk[:, H:]
-        if last:
-            return self.o_proj(last_token_attention(q, k, v, batch, cache, self.layer, D**-0.5))
-        return self.o_proj(chunk_attention(q, k, v, batch, cache, self.layer, D**-0.5))
+        attention = last_token_attention if last else chunk_attention
+        return linear_plus(self.o_proj, attention(q, k, v, batch, cache, self.layer, D**-0.5), residual)
 
 
 class MLP(nn.Module):
@@ -175,9 +174,10 @@ class MLP(nn.Module):
         self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + down(act(gate(x)) * up(x)), the add inside the GEMM where the layer is prepacked."""
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return linear_plus(self.down_proj, self.act(gate).mul_(up), residual)
 
 
 class Layer(nn.Module):
@@ -190,9 +190,8 @@ class Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, batch, cache, last: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d); ``last``: (R, d) at ``batch.last_index``, the only rows the head reads."""
-        attended = self.self_attn(self.input_layernorm(x), rope, batch, cache, last)
-        x = (x[batch.last_index] if last else x) + attended
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), rope, batch, cache, x[batch.last_index] if last else x, last)
+        return self.mlp(self.post_attention_layernorm(x), x)
 
 
 class DecoderModel(nn.Module):
