@@ -173,3 +173,21 @@ def test_score_command_on_ray_writes_the_scored_table(local_ray, table, tmp_path
     np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(2000))  # replaced, not appended to
     np.testing.assert_allclose(out["score"], scorer.predict(list(zip(small["text_1"], small["text_2"]))),
                                rtol=0, atol=1e-6)
+
+
+def test_rerank_command_on_ray_writes_the_run_one_process_writes(local_ray, tmp_path, tiny_dir):
+    from xenc_lab.cli import main
+    from xenc_lab.ir import read_run, write_run
+    from xenc_lab.ir.pydocs import bm25_run, python_docs_collection
+
+    paths = python_docs_collection(tmp_path, max_chars=200, max_queries=8)
+    write_run(bm25_run(paths["queries"], paths["corpus"], k=12), tmp_path / "bm25.trec", tag="bm25")
+    runs = {}
+    for where in ("here", "ray"):
+        argv = ["rerank", "--model", str(tiny_dir), "--beir", str(tmp_path), "--run", str(tmp_path / "bm25.trec"),
+                "--depth", "10", "--output", str(tmp_path / f"{where}.trec"), "--device", "cpu"]
+        assert main(argv + (["--ray-address", "local"] if where == "ray" else [])) == 0
+        runs[where] = read_run(tmp_path / f"{where}.trec")
+    assert runs["ray"]["qid"].nunique() == 8
+    assert runs["ray"][["qid", "docno", "rank"]].equals(runs["here"][["qid", "docno", "rank"]])
+    np.testing.assert_allclose(runs["ray"]["score"], runs["here"]["score"], rtol=0, atol=1e-6)
