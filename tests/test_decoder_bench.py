@@ -119,7 +119,7 @@ def test_goals_hold_each_measure_to_its_bound():
     assert np.isclose(rows[1].gain_share, rows[1].measured_gain / rows[1].ideal_gain)
 
 
-@pytest.mark.parametrize("extra", [["--compile"], ["--model", "x"], ["--workloads", "short"]])
+@pytest.mark.parametrize("extra", [["--memory"], ["--model", "x"], ["--workloads", "short"]])
 def test_bench_decoder_refuses_the_encoder_benchs_options_in_one_line(extra, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--decoder", "qwen3-tiny", *extra])
@@ -127,3 +127,18 @@ def test_bench_decoder_refuses_the_encoder_benchs_options_in_one_line(extra, cap
     err = capsys.readouterr().err
     assert f"--decoder takes its models as its own arguments and runs on the CPU: drop {extra[0]}" in err
     assert "Traceback" not in err
+
+
+def test_bench_decoder_compile_compiles_xenc_labs_engines(monkeypatch):
+    seen = []
+
+    def time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile=False):
+        seen.append(compile)
+        raise KeyboardInterrupt  # stop before any model runs
+
+    monkeypatch.setattr(decoder, "_time_engines", time_engines)
+    for argv in (["bench", "--decoder", "qwen3-tiny", "--dtypes", "float32"], ["bench", "--decoder", "qwen3-tiny",
+                                                                                "--dtypes", "float32", "--compile"]):
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+    assert seen == [False, True]

@@ -142,7 +142,7 @@ def decoder_bench(args: argparse.Namespace) -> int:
     from .bench.report import machine
 
     others = {"--model": args.model, "--workloads": args.workloads, "--pairs-file": args.pairs_file,
-              "--compile": args.compile, "--memory": args.memory, "--device cuda": args.device != "cpu"}
+              "--memory": args.memory, "--device cuda": args.device != "cpu"}
     if given := [name for name, value in others.items() if value]:
         raise ValueError(f"--decoder takes its models as its own arguments and runs on the CPU: drop {', '.join(given)}")
     if args.threads is not None:
@@ -151,7 +151,8 @@ def decoder_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     rows = decoder.run(args.decoder or decoder.DEFAULT_MODELS, dtypes=args.dtypes or ["float32", "bfloat16"],
-                       n_docs=args.pairs, repeats=args.repeats, max_batch_tokens=args.max_batch_tokens)
+                       n_docs=args.pairs, repeats=args.repeats, max_batch_tokens=args.max_batch_tokens,
+                       compile=args.compile)
     for goal, value, met in decoder.goals(rows):
         print(f"{'met' if met else 'MISSED'}: {goal}: {value}")
     if args.report:
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="xenc_lab's token budget per batch (default: the Scorer's)")
     b.add_argument("--threads", type=_positive_int, default=None,
                    help="torch threads for both engines (default: torch's, e.g. from OMP_NUM_THREADS)")
-    b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine")
+    b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine (with --decoder: xenc_lab's "
+                        "engines run compiled)")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--decoder", nargs="*", default=None, metavar="MODEL",
                    help="time decoder rerankers instead: 1 query x N documents through Qwen3-Reranker's template, "

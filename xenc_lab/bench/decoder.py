@@ -150,7 +150,7 @@ class DecoderRow:
     oracle_drift: float = 0.0  # max |change| of sentence-transformers' fp32 scores between its timed runs
 
 
-def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, budget: dict):
+def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, budget: dict, compile: bool = False):
     """Each engine's timed runs (seconds), last scores and (xenc_lab) last token counts: every engine first runs the
     pairs once untimed, so that each batch shape the timed runs meet has been met; then ``repeats`` rounds, each
     starting with the next engine. The models are freed on return."""
@@ -160,7 +160,7 @@ def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, bud
 
     identity = torch.nn.Identity()
     theirs = CrossEncoder(str(path), device="cpu", model_kwargs={"dtype": getattr(torch, dtype)})
-    ours = Scorer(path, device="cpu", dtype=dtype, **budget)
+    ours = Scorer(path, device="cpu", dtype=dtype, compile=compile, **budget)
     if not ours.decoder:
         raise ValueError(f"{path}: {ours.architecture} is not a decoder reranker")
 
@@ -220,6 +220,7 @@ def run(
     st_batch_size: int = 32,
     seed: int = 0,
     max_batch_tokens: int | None = None,
+    compile: bool = False,
     root: str | os.PathLike | None = None,
     log=print,
 ) -> list[DecoderRow]:
@@ -250,7 +251,7 @@ def run(
             if exact is None and dtype != "float32":
                 exact = CrossEncoder(str(path), device="cpu").predict(pairs, activation_fn=torch.nn.Identity(),
                                                                       batch_size=st_batch_size)
-            times, outs = _time_engines(path, pairs, dtype, repeats, st_batch_size, budget)
+            times, outs = _time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile)
             measured = _rows(name, dtype, len(pairs), times, outs, exact)
             if dtype == "float32":
                 exact = np.asarray(outs[ENGINES[0]][-1][0])
