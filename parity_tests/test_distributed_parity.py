@@ -22,13 +22,6 @@ TOLERANCE = 2e-5  # the parity suite's bound on MiniLM-L6's scores
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def held_out(tmp_path_factory):
     """30 queries x their 40 BM25 candidates from the docstring collection (1,200 pairs), as parquet, shuffled."""
     root = tmp_path_factory.mktemp("pydocs")

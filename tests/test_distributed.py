@@ -18,13 +18,6 @@ KILL_ROWS = 30_000
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def table(tmp_path_factory):
     rng = np.random.default_rng(0)
     words = np.array(["river", "mountain", "query", "passage", "model", "rank", "score", "table", "pair", "cluster", "actor", "batch"])

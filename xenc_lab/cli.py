@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="xenc_lab's token budget per batch (default: the Scorer's)")
     b.add_argument("--threads", type=_positive_int, default=None,
                    help="torch threads for both engines (default: torch's, e.g. from OMP_NUM_THREADS)")
-    b.add_argument("--compile", action="store_true", help="also time xenc_lab with compile=True, as a third engine (with --decoder: xenc_lab's "
-                        "engines run compiled)")
+    b.add_argument("--compile", action="store_true",
+                   help="also time xenc_lab with compile=True, as a third engine (with --decoder: xenc_lab's engines "
+                        "run compiled)")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--decoder", nargs="*", default=None, metavar="MODEL",
                    help="time decoder rerankers instead: 1 query x N documents through Qwen3-Reranker's template, "

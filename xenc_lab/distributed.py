@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 
 KINDS = {"parquet": (".parquet",), "jsonl": (".jsonl", ".json"), "csv": (".csv",)}
@@ -90,12 +91,12 @@ def read_table(source, format: str | None = None):
     path = os.fspath(source)
     if format is not None and format not in READERS:
         raise ValueError(f"format must be one of {sorted(READERS)}, got {format!r}")
-    remote = "://" in path and not path.startswith("file://")
-    if not remote and not os.path.exists(path.removeprefix("file://")):
+    local = None if "://" in path and not path.startswith("file://") else path.removeprefix("file://")
+    if local is not None and not os.path.exists(local):
         raise FileNotFoundError(f"no such file or folder: {path}")
     if format is not None:  # the name says nothing: read every file, whatever its suffix
         return getattr(ray.data, READERS[format])(path, file_extensions=None)
-    return getattr(ray.data, READERS[table_kind(path, None if remote else path.removeprefix("file://"))])(path)
+    return getattr(ray.data, READERS[table_kind(path, local)])(path)
 
 
 def table_kind(name: str, local: str | None = None) -> str:
@@ -150,8 +151,6 @@ def actor_rate(ds) -> float:
     """Pairs/s of one actor while scoring, from a scored Dataset that has run (iterated, written or collected): the
     rows of its ``ScoreBatches`` stage over the summed wall time of their calls (Ray Data's "estimated single task
     throughput"); NaN where Ray's stats do not say."""
-    import re
-
     stage = re.search(r"MapBatches\(ScoreBatches\).*?(?=\nOperator |\nDataset throughput|\Z)", ds.stats(), re.S)
     rate = stage and re.search(r"Estimated single task throughput: ([\d.e+]+) rows/s", stage.group(0))
     return float(rate.group(1)) if rate else float("nan")
