@@ -177,13 +177,22 @@ def _flash_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, e
     return out
 
 
+@pytest.mark.parametrize("path", ["flash", "kernel"])
 @pytest.mark.parametrize("last", [False, True])
-def test_the_varlen_layout_gives_the_padded_layouts_attention(monkeypatch, last):
-    """The CUDA layout (flash varlen over each chunk's gathered keys), its kernel emulated: the same outputs."""
+def test_the_varlen_layout_gives_the_padded_layouts_attention(monkeypatch, last, path):
+    """The packed layout on its two paths: CUDA's (flash varlen over each chunk's gathered keys, the kernel
+    emulated) and the CPU's (xenc_lab's kernel reading the keys in place): the padded layout's outputs."""
+    from xenc_lab.cpu import native
     from xenc_lab.ops import paged_attention
     from xenc_lab.ops.paged_attention import last_token_attention
 
-    monkeypatch.setattr(paged_attention, "varlen_attn", _flash_reference)
+    if path == "flash":
+        monkeypatch.setattr(paged_attention, "varlen_attn", _flash_reference)
+        monkeypatch.setattr(paged_attention, "_kernel_runs", lambda q: False)
+    elif not native.available():
+        pytest.skip("the native kernels could not be built here")
+    else:
+        monkeypatch.setattr(paged_attention, "varlen_attn", None)  # the flash path cannot have run
     prefix = 10
     seqs = [list(range(prefix)) + list(range(100, 100 + n)) for n in (5, 9, 1, 14)]
     cache = KVCache(1, KVH, D, 4, torch.float32, torch.device("cpu"))

@@ -41,9 +41,12 @@ def resolve(
     runs without them."""
     cpu = device.type == "cpu"
     attention = "sdpa"
-    if causal:  # a decoder's chunk attention: flash varlen where it runs, else SDPA (chunks.ChunkBatch.layout)
+    if causal:  # a decoder's chunk attention: flash varlen or xenc_lab's kernel where it runs, else padded SDPA
         if head_shape is not None and not cpu and varlen_runs(device, dtype, head_shape[1]):
             attention = "varlen"
+        elif (head_shape is not None and cpu and native.available() and head_shape[1] <= kernels.MAX_HEAD_DIM
+              and settings.get("XENC_LAB_CPU_ATTENTION") != "sdpa"):
+            attention = "kernel"
     elif head_shape is not None and cpu and native.available():
         attention = cpu_attention_path(dtype, *head_shape)
         if attention == "tiles" and not kernels.tiles_available(dtype):

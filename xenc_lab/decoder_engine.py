@@ -196,7 +196,7 @@ def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch
                             cache_slots=cache.slots if cached is not None else 0,
                             total_tokens=_bucketed_tokens(int(lengths[batch_chunks].sum()), runner, page_size,
                                                           max_pages),
-                            layout="varlen" if runner.choices.attention == "varlen" else "padded")
+                            layout="varlen" if runner.choices.attends_packed else "padded")
         logits = runner(batch, cached)
         if out is not None:
             rows = torch.from_numpy(batch.pairs).to(runner.device, non_blocking=True)

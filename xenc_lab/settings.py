@@ -28,7 +28,8 @@ SETTINGS = {
         Setting("XENC_LAB_KERNEL_CFLAGS", "", None,
                 "compiler flags appended to the native build's (later ones win), e.g. to build another CPU's paths"),
         Setting("XENC_LAB_CPU_ATTENTION", "measured on AMX CPUs, else kernel", ("kernel", "tiles", "sdpa"),
-                "where CPU attention runs: xenc_lab's kernel, its tile path, or torch's SDPA"),
+                "where CPU attention runs: xenc_lab's kernel, its tile path, or torch's SDPA (decoders: the kernel "
+                "but for sdpa)"),
         Setting("XENC_LAB_BF16_GEMM", "the fastest route here", ("native", "fp32", "fp16"),
                 "how bfloat16 linear layers multiply on the CPU: oneDNN's bf16 GEMM, fp32 FMAs, or xenc_lab's fp16 GEMM"),
         Setting("XENC_LAB_F32_GELU_GEMM", "fused on x86 without AVX-512, else onednn", ("fused", "onednn"),

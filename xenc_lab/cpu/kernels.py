@@ -15,6 +15,7 @@ from .native import available, once, reason
 logger = logging.getLogger("xenc_lab")
 
 _TILE_DTYPES = (torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256  # the attention kernels' (kMaxHeadDim in the C++ source)
 
 
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
@@ -94,6 +95,32 @@ def packed_attention_cpu(
     return op(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, float(scale), -1 if window is None else int(window))
 
 
+def paged_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key_index: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    num_heads: int,
+    scale: float,
+) -> torch.Tensor | None:
+    """Causal attention of chunks over a paged KV cache, on a packed stream; None without the kernel.
+
+    Chunk b's queries are rows cu_seqlens_q[b]:[b + 1] of q, (Tq, H * dh); its keys and values are listed by
+    key_index[cu_seqlens_k[b]:[b + 1]], each a row s of k_cache and v_cache, (S, KVH * dh), where s < S, else row
+    s - S of k and v, (Tk, KVH * dh). The queries are the chunk's last tokens: query i of n sees its first
+    ``keys - n + i + 1`` keys. Query head h reads key head h // (H / KVH) (grouped-query attention). Rows may be
+    strided (columns contiguous); float32, bfloat16 or float16; exact softmax in float32, as ``packed_attention_cpu``.
+    Returns (Tq, H * dh), q's dtype, rows outside every chunk zero."""
+    if not available():
+        return None
+    return torch.ops.xenc_lab.paged_attention(q, k, v, k_cache, v_cache, key_index, cu_seqlens_q, cu_seqlens_k,
+                                              num_heads, float(scale))
+
+
 def folded_pool_cpu(x: torch.Tensor, folded: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor | None:
     """Per pair b (rows cu_seqlens[b]:[b + 1] of x, (T, d)) and head h, sum_j softmax_j(x_j . folded[h, b]) x_j as
     (B, H, d), zeros for empty pairs and pairs past cu_seqlens (``ops.first_token.folded_first_token_attention``); None
@@ -112,6 +139,27 @@ def layer_norm_cpu(
     if not available():
         return None
     return torch.ops.xenc_lab.layer_norm(x, weight, bias, float(eps))
+
+
+def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """transformers' RMSNorm of each row of a 2-D CPU tensor (float32, bfloat16, float16; columns contiguous), in
+    one pass: ``weight`` times the row over its root mean square (float32, rounded to x's dtype before the weight
+    multiplies it); None without the kernel. ``weight`` is contiguous, of x's dtype."""
+    if not available():
+        return None
+    return torch.ops.xenc_lab.rms_norm(x, weight, float(eps))
+
+
+def rope_cpu(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+             sin: torch.Tensor) -> torch.Tensor | None:
+    """Rotary positions on every head of a (T, G, D) CPU tensor whose heads lie end to end in each (possibly
+    strided) row: ``x * cos + roll(x, D / 2) * sin`` per head, with ``cos`` and ``sin`` (T, D) of x's dtype (the
+    sines of the first half negated, ``models.decoder.rotate``), each product rounded to the dtype before the sum;
+    each head first RMS-normalized with its row of ``weight`` (G, D) if given (``rms_norm_cpu``). (T, G, D)
+    contiguous, or None without the kernel."""
+    if not available():
+        return None
+    return torch.ops.xenc_lab.rope(x, weight, float(eps), cos, sin)
 
 
 GEMM_COLS = 64  # columns of W^T per packed block of ``linear_widened`` and ``linear_f32`` (kGemmCols in the C++ source)

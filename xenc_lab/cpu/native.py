@@ -28,8 +28,8 @@ _CSRC = Path(__file__).parent.parent / "csrc"
 # The extension's translation units, compiled together into one library (the headers next to them are included).
 _SOURCES = [
     _CSRC / name
-    for name in ("ops.cpp", "attention.cpp", "attention_tiles.cpp", "folded_pool.cpp", "layer_norm.cpp", "gemm_f32.cpp",
-                 "gemm_half.cpp")
+    for name in ("ops.cpp", "attention.cpp", "attention_tiles.cpp", "folded_pool.cpp", "layer_norm.cpp", "rms_norm.cpp",
+                 "gemm_f32.cpp", "gemm_half.cpp")
 ]
 _NAME = "xenc_lab_kernels"
 
@@ -79,6 +79,10 @@ def _compiler_flags() -> tuple[list[str], list[str]]:
 
 
 def _packed_attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window):
+    return q.new_empty(q.shape)
+
+
+def _paged_attention_fake(q, k, v, k_cache, v_cache, key_index, cu_seqlens_q, cu_seqlens_k, num_heads, scale):
     return q.new_empty(q.shape)
 
 
@@ -152,7 +156,10 @@ def _build() -> bool:
         # Shapes for tracing (torch.compile, meta tensors): the output is q-shaped, whatever the data.
         torch.library.register_fake("xenc_lab::packed_attention", _packed_attention_fake)
         torch.library.register_fake("xenc_lab::packed_attention_tiles", _packed_attention_fake)
+        torch.library.register_fake("xenc_lab::paged_attention", _paged_attention_fake)
         torch.library.register_fake("xenc_lab::layer_norm", lambda x, weight, bias, eps: x.new_empty(x.shape))
+        torch.library.register_fake("xenc_lab::rms_norm", lambda x, weight, eps: x.new_empty(x.shape))
+        torch.library.register_fake("xenc_lab::rope", lambda x, weight, eps, cos, sin: x.new_empty(x.shape))
         torch.library.register_fake("xenc_lab::linear_widened", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_f32", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)

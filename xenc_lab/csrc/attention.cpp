@@ -23,6 +23,11 @@
 // query's arithmetic is the same whichever block, item or thread computes it, so results are bitwise independent
 // of the batch's other sequences and of the thread count.
 //
+// Decoders call it as paged_attention: the queries are the LAST tokens of their sequence, under a causal mask; each
+// key head serves a group of query heads (an item takes the whole group, whose keys are packed once); and the keys
+// and values are read through a list of rows, each in the KV cache or in the stream (staged to consecutive rows for
+// packing).
+//
 // In bf16 and fp16 there is a second path, the tile path (attention_tiles.cpp): the two products as oneDNN GEMMs
 // (AMX tiles where the CPU has them), the same softmax between them. Which one runs is the caller's choice.
 
@@ -231,6 +236,7 @@ class Worker {
 
  public:
   static constexpr int64_t kBlock = kRows;  // items split their queries at multiples of this
+  static constexpr bool kGroups = true;     // an item may take every query head of one key head
 
   Worker(const Problem<T>& p, int64_t max_keys)
       : p_(p),
@@ -243,11 +249,22 @@ class Worker {
         scores_(kRows * s_stride_ * static_cast<int64_t>(sizeof(float))),
         queries_(kRows * round_up(key_width_, 16) * static_cast<int64_t>(sizeof(KeyT))),
         probs_(kPairedKeys<T> ? kRows * s_stride_ * static_cast<int64_t>(sizeof(BFloat16)) : 0),
+        staging_(p.paged() ? max_keys * p.head_dim * static_cast<int64_t>(sizeof(T)) : 0),
         scale_log2e_(static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634)) {}
 
-  // Runs `it`; `next` (if any) is the item this thread runs after it, whose rows are prefetched meanwhile.
+  // Runs `it`, one head after another; `next` (if any) is the item this thread runs after it, whose rows are
+  // prefetched meanwhile.
   void run(const Item& it, const Item* next) {
-    if (it.seq != packed_seq_ || it.head != packed_head_) {
+    for (int64_t h = it.head; h < it.head + it.heads; ++h) {
+      const Item one{it.seq, h, it.q_begin, it.q_end};
+      const Item then{it.seq, h + 1, it.q_begin, it.q_end};
+      run_head(one, h + 1 < it.head + it.heads ? &then : next);
+    }
+  }
+
+ private:
+  void run_head(const Item& it, const Item* next) {
+    if (it.seq != packed_seq_ || it.head / p_.group != packed_head_ / p_.group) {
       pack(it.seq, it.head);
     }
     // The item's queries in blocks of kRows or kRows - 1 (91 queries: 11 x 6 + 5 x 5, not 15 x 6 + 1): a block
@@ -267,7 +284,6 @@ class Worker {
     }
   }
 
- private:
   enum class Into { L1, L2, L1ForWriting };
 
   // Prefetches the head's slice of one row.
@@ -293,7 +309,9 @@ class Worker {
     Lookahead(const Worker& w, const Item& current, const Item* next, int64_t blocks)
         : w_(w),
           next_(next),
-          num_keys_(next && (next->seq != current.seq || next->head != current.head) ? w.p_.num_keys(next->seq) : 0),
+          num_keys_(next && (next->seq != current.seq || next->head / w.p_.group != current.head / w.p_.group)
+                        ? w.p_.num_keys(next->seq)
+                        : 0),
           num_queries_(next ? next->q_end - next->q_begin : 0),
           total_(2 * num_keys_ + 2 * num_queries_),
           per_block_((total_ + blocks - 1) / blocks) {}
@@ -326,13 +344,17 @@ class Worker {
   // paired build: bf16 key pairs, rows of dh16_ dwords).
   void pack(int64_t seq, int64_t head) {
     const int64_t nk = p_.num_keys(seq);
+    int64_t k_stride = p_.k_stride;
+    const T* k = p_.paged() ? staged(seq, head, nk, true, &k_stride) : p_.k_at(seq, 0, head);
     if constexpr (kPairedKeys<T>) {
 #if XENC_BF16_DOT
-      pack_keys_bf16_pairs(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<uint32_t>());
-      pack_value_pairs(p_.v_at(seq, 0, head), p_.v_stride, nk, nk, dh_, dh16_, values_.as<uint32_t>());
+      pack_keys_bf16_pairs(k, k_stride, nk, dh_, keys_.as<uint32_t>());
+      int64_t v_stride = p_.v_stride;
+      const T* v = p_.paged() ? staged(seq, head, nk, false, &v_stride) : p_.v_at(seq, 0, head);
+      pack_value_pairs(v, v_stride, nk, nk, dh_, dh16_, values_.as<uint32_t>());
 #endif
     } else {
-      pack_keys_f32(p_.k_at(seq, 0, head), p_.k_stride, nk, dh_, keys_.as<float>());
+      pack_keys_f32(k, k_stride, nk, dh_, keys_.as<float>());
       float* dst = values_.as<float>();
       for (int64_t j = 0; j < nk; ++j) {
         const T* src = p_.v_at(seq, j, head);
@@ -343,6 +365,17 @@ class Worker {
     }
     packed_seq_ = seq;
     packed_head_ = head;
+  }
+
+  // Paged keys (or values) of (seq, head) copied to consecutive rows of dh elements (*stride), for the packing
+  // routines that read rows a stride apart.
+  const T* staged(int64_t seq, int64_t head, int64_t nk, bool keys, int64_t* stride) {
+    T* dst = staging_.as<T>();
+    for (int64_t j = 0; j < nk; ++j) {
+      std::memcpy(dst + j * dh_, keys ? p_.k_at(seq, j, head) : p_.v_at(seq, j, head), dh_ * sizeof(T));
+    }
+    *stride = dh_;
+    return dst;
   }
 
   // Query rows of the block in the layout score_tile takes: the input itself for fp32, else a copy in queries_.
@@ -377,11 +410,10 @@ class Worker {
   // Queries i0 .. i0 + R - 1 of the item.
   template <int R>
   void block(const Item& it, int64_t i0) {
-    const int64_t nk = p_.num_keys(it.seq);
     int64_t lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       lo[r] = p_.key_begin(i0 + r);
-      hi[r] = p_.key_end(i0 + r, nk);
+      hi[r] = p_.key_end(it.seq, i0 + r);
     }
     // Keys [k_begin, k_end) cover every row's visible keys; scores start at the 16-key block of k_begin.
     const int64_t k_begin = lo[0], k_end = hi[R - 1], k_base = k_begin / 16 * 16;
@@ -452,7 +484,7 @@ class Worker {
   const int64_t dh_, dh16_;
   const int64_t key_width_;  // elements per key in the packed K^T: dh floats or ceil(dh / 2) bf16 pairs
   const int64_t s_stride_;   // floats per row of scores_, >= every sequence's key count rounded up to 16
-  Scratch keys_, values_, scores_, queries_, probs_;
+  Scratch keys_, values_, scores_, queries_, probs_, staging_;
   const float scale_log2e_;
   int64_t packed_seq_ = -1, packed_head_ = -1;
 };
@@ -556,7 +588,90 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return out;
 }
 
+template <typename T>
+void run_paged(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+               const at::Tensor& v_cache, const at::Tensor& key_index, at::Tensor& out, std::vector<int64_t> cu_q,
+               std::vector<int64_t> cu_k, int64_t num_heads, double scale) {
+  Problem<T> p{q.const_data_ptr<T>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
+               q.stride(0), k.stride(0), v.stride(0), out.stride(0), std::move(cu_q), std::move(cu_k),
+               num_heads, q.size(1) / num_heads, static_cast<float>(scale), -1};
+  p.causal = true;
+  p.group = num_heads / (k.size(1) / p.head_dim);
+  p.key_index = key_index.const_data_ptr<int64_t>();
+  p.k_cache = k_cache.const_data_ptr<T>();
+  p.v_cache = v_cache.const_data_ptr<T>();
+  p.cache_rows = k_cache.size(0);
+  p.kc_stride = k_cache.stride(0);
+  p.vc_stride = v_cache.stride(0);
+  const int64_t row_bytes = out.size(1) * static_cast<int64_t>(sizeof(T));
+  if (out.numel() > 0) {
+    std::memset(p.out, 0, p.cu_q.front() * row_bytes);
+    std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
+  }
+  run_items<Worker<T>>(p);
+}
+
 }  // namespace
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& key_index, const at::Tensor& cu_seqlens_q,
+                           const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "paged_attention supports float32, bfloat16 and float16, got ", q.scalar_type());
+  check_operand(q, "q", q);
+  TORCH_CHECK(num_heads > 0 && q.size(1) % num_heads == 0, "num_heads (", num_heads, ") must divide the ",
+              q.size(1), " columns of q");
+  const int64_t head_dim = q.size(1) / num_heads;
+  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "head_dim must be in [1, ", kMaxHeadDim, "], got ",
+              head_dim);
+  TORCH_CHECK(k.dim() == 2 && k.size(1) % head_dim == 0 && k.size(1) > 0 && num_heads % (k.size(1) / head_dim) == 0,
+              "k must be (tokens, key_heads * ", head_dim, ") with key_heads dividing num_heads (", num_heads,
+              "), got shape ", k.sizes());
+  for (const auto& [x, name] : {std::pair{&k, "k"}, {&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}}) {
+    TORCH_CHECK(x->device().is_cpu() && x->dim() == 2 && x->size(1) == k.size(1), name, " must be a 2-D CPU tensor of ",
+                k.size(1), " columns, got shape ", x->sizes());
+    TORCH_CHECK(x->scalar_type() == q.scalar_type(), name, " has dtype ", x->scalar_type(), " but q has ",
+                q.scalar_type());
+    TORCH_CHECK(x->size(1) <= 1 || x->stride(1) == 1, name, " must have contiguous columns, got strides ",
+                x->strides());
+    TORCH_CHECK(x->size(0) <= 1 || x->stride(0) >= 0, name, " must have non-negative row stride");
+  }
+  TORCH_CHECK(v.size(0) == k.size(0) && v_cache.size(0) == k_cache.size(0),
+              "k and v (and k_cache and v_cache) must have the same number of rows");
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  TORCH_CHECK(key_index.device().is_cpu() && key_index.dim() == 1 && key_index.scalar_type() == at::kLong &&
+                  key_index.is_contiguous(),
+              "key_index must be a contiguous 1-D int64 CPU tensor");
+  std::vector<int64_t> cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q");
+  std::vector<int64_t> cu_k = read_offsets(cu_seqlens_k, "cu_seqlens_k");
+  TORCH_CHECK(cu_q.size() == cu_k.size(), "cu_seqlens_q and cu_seqlens_k must have the same length, got ",
+              cu_q.size(), " and ", cu_k.size());
+  TORCH_CHECK(cu_q.front() >= 0 && cu_q.back() <= q.size(0), "cu_seqlens_q must lie within q's ", q.size(0), " rows");
+  TORCH_CHECK(cu_k.front() >= 0 && cu_k.back() <= key_index.numel(), "cu_seqlens_k must lie within key_index's ",
+              key_index.numel(), " entries");
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int64_t nq = cu_q[b + 1] - cu_q[b], nk = cu_k[b + 1] - cu_k[b];
+    TORCH_CHECK(nq >= 0 && nk >= 0, "cu_seqlens must be non-decreasing (sequence ", b, ")");
+    TORCH_CHECK(nq <= nk, "sequence ", b, " has ", nq, " queries but only ", nk,
+                " keys; queries are the last tokens of their sequence");
+  }
+  const int64_t* index = key_index.const_data_ptr<int64_t>();
+  const int64_t rows = k_cache.size(0) + k.size(0);
+  for (int64_t i = cu_k.front(); i < cu_k.back(); ++i) {
+    TORCH_CHECK(index[i] >= 0 && index[i] < rows, "key_index[", i, "] = ", index[i], " is not a row of k_cache (",
+                k_cache.size(0), ") or of k (", k.size(0), ")");
+  }
+
+  at::Tensor out = at::empty({q.size(0), q.size(1)}, q.options());
+  if (q.scalar_type() == at::kFloat) {
+    run_paged<float>(q, k, v, k_cache, v_cache, key_index, out, std::move(cu_q), std::move(cu_k), num_heads, scale);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    run_paged<BFloat16>(q, k, v, k_cache, v_cache, key_index, out, std::move(cu_q), std::move(cu_k), num_heads, scale);
+  } else {
+    run_paged<Half>(q, k, v, k_cache, v_cache, key_index, out, std::move(cu_q), std::move(cu_k), num_heads, scale);
+  }
+  return out;
+}
 
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,

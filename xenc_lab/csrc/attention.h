@@ -30,25 +30,52 @@ struct Problem {
   int64_t num_heads, head_dim;
   float scale;
   int64_t half_window;  // key j is visible from query i iff |i - j| <= half_window; -1: every key is
+  // Decoders (paged_attention): query i of a sequence of nq queries and nk keys sees keys [0, nk - nq + i], its
+  // queries being its last tokens; each key and value head serves `group` consecutive query heads; and key j of
+  // sequence b is row s = key_index[cu_k[b] + j] of k_cache and v_cache where s < cache_rows, else row
+  // s - cache_rows of k and v (key_index null: row cu_k[b] + j of k and v).
+  bool causal = false;
+  int64_t group = 1;
+  const int64_t* key_index = nullptr;
+  const T* k_cache = nullptr;
+  const T* v_cache = nullptr;
+  int64_t cache_rows = 0, kc_stride = 0, vc_stride = 0;
 
   int64_t num_seqs() const { return static_cast<int64_t>(cu_q.size()) - 1; }
   int64_t num_queries(int64_t b) const { return cu_q[b + 1] - cu_q[b]; }
   int64_t num_keys(int64_t b) const { return cu_k[b + 1] - cu_k[b]; }
-  // Visible keys of query position i in a sequence of nk keys: [key_begin, key_end).
+  bool paged() const { return key_index != nullptr; }
+  // Visible keys of query i of sequence b: [key_begin, key_end).
   int64_t key_begin(int64_t i) const { return half_window < 0 ? 0 : std::max<int64_t>(0, i - half_window); }
-  int64_t key_end(int64_t i, int64_t nk) const {
+  int64_t key_end(int64_t b, int64_t i) const {
+    const int64_t nk = num_keys(b);
+    if (causal) {
+      return std::min<int64_t>(nk, nk - num_queries(b) + i + 1);
+    }
     return half_window < 0 ? nk : std::min<int64_t>(nk, i + half_window + 1);
   }
-  // Head h of query position i of sequence b (likewise keys, values, output).
+  // Head h of query position i of sequence b (likewise keys and values, of query head h's key head; output).
   const T* q_at(int64_t b, int64_t i, int64_t h) const { return q + (cu_q[b] + i) * q_stride + h * head_dim; }
-  const T* k_at(int64_t b, int64_t j, int64_t h) const { return k + (cu_k[b] + j) * k_stride + h * head_dim; }
-  const T* v_at(int64_t b, int64_t j, int64_t h) const { return v + (cu_k[b] + j) * v_stride + h * head_dim; }
+  const T* k_at(int64_t b, int64_t j, int64_t h) const { return row(k, k_cache, k_stride, kc_stride, b, j) + kv(h); }
+  const T* v_at(int64_t b, int64_t j, int64_t h) const { return row(v, v_cache, v_stride, vc_stride, b, j) + kv(h); }
   T* out_at(int64_t b, int64_t i, int64_t h) const { return out + (cu_q[b] + i) * out_stride + h * head_dim; }
+
+ private:
+  int64_t kv(int64_t h) const { return h / group * head_dim; }
+  const T* row(const T* stream, const T* cache, int64_t stride, int64_t cache_stride, int64_t b, int64_t j) const {
+    if (key_index == nullptr) {
+      return stream + (cu_k[b] + j) * stride;
+    }
+    const int64_t s = key_index[cu_k[b] + j];
+    return s < cache_rows ? cache + s * cache_stride : stream + (s - cache_rows) * stride;
+  }
 };
 
-// Queries [q_begin, q_end) of one head of one sequence.
+// Queries [q_begin, q_end) of heads [head, head + heads) of one sequence (several heads: those sharing one key
+// head, whose packed keys the worker reuses).
 struct Item {
   int64_t seq, head, q_begin, q_end;
+  int64_t heads = 1;
 };
 
 // bf16 inputs use the bf16 pair dot product (vdpbf16ps) for scores and weighted sums where the CPU has it and the
@@ -124,21 +151,24 @@ void run_items(const Problem<T>& p) {
   }
   auto cost = [&](int64_t b) {
     const int64_t nk = p.num_keys(b);
-    const int64_t visible = p.half_window < 0 ? nk : std::min(nk, 2 * p.half_window + 1);
-    return p.num_queries(b) * visible + nk;
+    const int64_t nq = p.num_queries(b);
+    const int64_t visible = p.causal ? nk - nq / 2 : p.half_window < 0 ? nk : std::min(nk, 2 * p.half_window + 1);
+    return nq * visible + nk;
   };
   std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
 
-  const int64_t pairs = static_cast<int64_t>(seqs.size()) * p.num_heads;
+  // Items take every query head of a key head (W::kGroups: workers that run them so) or one head each.
+  const int64_t heads_per_item = W::kGroups ? p.group : 1;
+  const int64_t pairs = static_cast<int64_t>(seqs.size()) * (p.num_heads / heads_per_item);
   const int64_t wanted = 8 * num_threads;
   const int64_t splits = pairs >= wanted ? 1 : (wanted + pairs - 1) / pairs;
   std::vector<Item> items;
   for (int64_t b : seqs) {
     const int64_t nq = p.num_queries(b);
     const int64_t block = round_up((nq + splits - 1) / splits, W::kBlock);
-    for (int64_t h = 0; h < p.num_heads; ++h) {
+    for (int64_t h = 0; h < p.num_heads; h += heads_per_item) {
       for (int64_t i = 0; i < nq; i += block) {
-        items.push_back({b, h, i, std::min(nq, i + block)});
+        items.push_back({b, h, i, std::min(nq, i + block), heads_per_item});
       }
     }
   }

@@ -26,6 +26,7 @@ class TileWorker {
 
  public:
   static constexpr int64_t kBlock = kTileQueries;
+  static constexpr bool kGroups = false;  // one head per item (the tile path takes no paged, grouped problems)
 
   TileWorker(const Problem<T>& p, int64_t max_keys)
       : p_(p),
@@ -74,7 +75,7 @@ class TileWorker {
     const int64_t nk = p_.num_keys(it.seq);
     // The block's visible keys, widened to whole tiles: [k_base, k_base + width).
     const int64_t k_base = p_.key_begin(i0) / kTileKeys * kTileKeys;
-    const int64_t width = std::min(padded_keys_, round_up(p_.key_end(i0 + rows - 1, nk), kTileKeys)) - k_base;
+    const int64_t width = std::min(padded_keys_, round_up(p_.key_end(it.seq, i0 + rows - 1), kTileKeys)) - k_base;
 
     T* q = queries_.as<T>();
     for (int64_t r = 0; r < kTileQueries; ++r) {  // a zero column pads an odd head_dim, zero rows the block
@@ -104,7 +105,7 @@ class TileWorker {
         std::memset(prow, 0, width * sizeof(T));
         continue;
       }
-      const int64_t lo = p_.key_begin(i0 + r) - k_base, hi = p_.key_end(i0 + r, nk) - k_base;
+      const int64_t lo = p_.key_begin(i0 + r) - k_base, hi = p_.key_end(it.seq, i0 + r) - k_base;
       const int64_t j_lo = lo / 16 * 16, j_hi = round_up(hi, 16);  // the blocks holding visible keys
       const float* row = s + r * width;
       // The extreme raw score: the max, or for a negative scale the min (max of the negated scores).

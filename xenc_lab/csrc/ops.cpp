@@ -25,9 +25,14 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def(
       "packed_attention_tiles(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, "
       "float scale, int window) -> Tensor");
+  m.def(
+      "paged_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor key_index, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int num_heads, float scale) -> Tensor");
   m.def("tiles_built() -> bool", &xenc_lab::tiles_built);
   m.def("folded_pool(Tensor x, Tensor folded, Tensor cu_seqlens) -> Tensor");
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rope(Tensor x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> Tensor");
   m.def("gemm_f32_built() -> bool", &xenc_lab::gemm_f32_built);
   m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
@@ -45,7 +50,10 @@ TORCH_LIBRARY(xenc_lab, m) {
 TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
   m.impl("packed_attention", &xenc_lab::packed_attention);
   m.impl("packed_attention_tiles", &xenc_lab::packed_attention_tiles);
+  m.impl("paged_attention", &xenc_lab::paged_attention);
   m.impl("layer_norm", &xenc_lab::layer_norm);
+  m.impl("rms_norm", &xenc_lab::rms_norm);
+  m.impl("rope", &xenc_lab::rope);
   m.impl("folded_pool", &xenc_lab::folded_pool);
 #if XENC_GEMM_F32
   m.impl("linear_f32", &xenc_lab::linear_f32);

@@ -18,6 +18,10 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor packed_attention_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
                                   double scale, int64_t window);
+// Causal attention of chunks over a paged KV cache (decoders).
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& key_index, const at::Tensor& cu_seqlens_q,
+                           const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale);
 
 // folded_pool.cpp
 at::Tensor folded_pool(const at::Tensor& x, const at::Tensor& folded, const at::Tensor& cu_seqlens);
@@ -25,6 +29,11 @@ at::Tensor folded_pool(const at::Tensor& x, const at::Tensor& folded, const at::
 // layer_norm.cpp
 at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                       double eps);
+
+// rms_norm.cpp: the decoders' row ops.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rope(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps, const at::Tensor& cos,
+                const at::Tensor& sin);
 
 #if XENC_GEMM_F32
 // gemm_f32.cpp

@@ -20,6 +20,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..cpu.kernels import rms_norm_cpu, rope_cpu
 from ..ops.linear import fuse_linears, linear_plus
 from ..ops.paged_attention import chunk_attention, last_token_attention
 from .base import PackedModel
@@ -98,12 +99,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _row_kernels(x) and x.dim() == 2 and x.stride(-1) == 1 and self.weight.dtype == x.dtype:
+            out = rms_norm_cpu(x, self.weight, self.eps)  # one pass over each row
+            if out is not None:
+                return out
         # torch's fused RMS norm, in float32: the same values as transformers' x * rsqrt(mean(x^2) + eps) (checked
-        # in the tests), in one pass instead of four; the weight multiplies after the cast, as there.
+        # in the tests); the weight multiplies after the cast, as there.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         if x.dtype == torch.float32:
             return normed.mul_(self.weight)
         return self.weight * normed.to(x.dtype)
+
+
+def _row_kernels(x: torch.Tensor) -> bool:
+    """Whether xenc_lab's row kernels (``cpu.kernels.rms_norm_cpu``, ``rope_cpu``) may run on x: eager, on the CPU
+    (compiled, inductor fuses torch's ops with their neighbours)."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -151,6 +162,18 @@ class Attention(nn.Module):
             self.qk_norm_heads.weight = nn.Parameter(weight, requires_grad=False)
             del self.q_norm, self.k_norm
 
+    def normed_rotated(self, qk: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """q's heads and k's together, (T, H + KVH, D): each head normalized (Qwen3), then rotated; one pass on the
+        CPU (``cpu.kernels.rope_cpu``)."""
+        if _row_kernels(qk):
+            weight = self.qk_norm_heads.weight if self.qk_norm else None
+            out = rope_cpu(qk, weight, self.qk_norm_heads.eps if self.qk_norm else 0.0, *rope)
+            if out is not None:
+                return out
+        if self.qk_norm:
+            qk = self.qk_norm_heads(qk)
+        return rotate(qk, *rope)
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch, cache, residual: torch.Tensor,
                 last: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d): ``residual`` plus the attention's output projection (``plus``); ``last``: (R, d), the rows ``batch.last_index`` only (every token's keys and values are
@@ -158,9 +181,7 @@ class Attention(nn.Module):
         T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         qk, v = qkv[:, : (H + KVH) * D].view(T, H + KVH, D), qkv[:, (H + KVH) * D :].view(T, KVH, D)
-        if self.qk_norm:
-            qk = self.qk_norm_heads(qk)
-        qk = rotate(qk, *rope)  # q's heads and k's together
+        qk = self.normed_rotated(qk, rope)
         q, k = qk[:, :H], qk[:, H:]
         attention = last_token_attention if last else chunk_attention
         return plus(self.o_proj, attention(q, k, v, batch, cache, self.layer, D**-0.5), residual)
@@ -270,13 +291,14 @@ class DecoderFamily(PackedModel):
         self.model.after_load()
 
     def head_shape(self) -> tuple[int, int]:
-        """(heads, head dim): where flash varlen attention runs (CUDA, half precision), chunk_attention takes it."""
+        """(heads, head dim): where flash varlen attention (CUDA, half precision) or xenc_lab's kernel (CPU) runs,
+        chunk_attention takes it."""
         attn = self.model.layers[0].self_attn
         return attn.num_heads, attn.head_dim
 
     def pads_pairs(self, choices) -> bool:
         # chunk_attention's SDPA lays chunks out as (chunks, longest chunk): the planner bounds the padding
-        return choices.attention != "varlen"
+        return not choices.attends_packed
 
 
 class DecoderForCausalLM(DecoderFamily):

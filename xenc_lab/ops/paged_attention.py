@@ -1,14 +1,16 @@
 """Causal attention of packed chunks over a paged KV cache: each chunk's queries see its context's cached keys and
-values and its own up to themselves. Each chunk's keys and values are gathered from the cache and the stream; then
-the batch's layout (``chunks.ChunkBatch.layout``) decides: "padded", SDPA on the (chunks, slots) layout with a mask
-(every device and dtype); "varlen", torch's flash attention over cu_seqlens (CUDA, half precision), whose causal mask
-aligns a chunk's queries with the last of its keys. Grouped-query heads are either's own (``enable_gqa``)."""
+values and its own up to themselves. The batch's layout (``chunks.ChunkBatch.layout``) decides: "varlen", each
+chunk's keys listed end to end, read in place by xenc_lab's CPU kernel (``cpu.kernels.paged_attention_cpu``) or, on
+CUDA in half precision, gathered for torch's flash attention over cu_seqlens, whose causal mask aligns a chunk's
+queries with the last of its keys; "padded", keys gathered for SDPA on the (chunks, slots) layout with a mask (every
+device and dtype). Grouped-query heads are each path's own."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from ..chunks import ChunkBatch
+from ..cpu.kernels import paged_attention_cpu
 
 try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
     from torch.nn.attention.varlen import varlen_attn
@@ -16,14 +18,39 @@ except ImportError:  # pragma: no cover
     varlen_attn = None
 
 
+def _kernel_runs(q: torch.Tensor) -> bool:
+    """Whether the "varlen" layout runs on xenc_lab's kernel (the CPU) rather than flash attention (CUDA)."""
+    return q.device.type == "cpu"
+
+
+def _store(k, v, batch: ChunkBatch, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store the batch's keys and values that the cache keeps; returns the cache's (S, KVH, D) keys and values of
+    ``layer`` (empty without a cache)."""
+    if cache is None:
+        return k.new_empty((0, *k.shape[1:])), v.new_empty((0, *v.shape[1:]))
+    k_cache, v_cache = cache.k[layer], cache.v[layer]
+    k_cache.index_copy_(0, batch.write_slots, k.index_select(0, batch.write_index))
+    v_cache.index_copy_(0, batch.write_slots, v.index_select(0, batch.write_index))
+    return k_cache, v_cache
+
+
+def _kernel(q, k, v, batch: ChunkBatch, cache, layer: int, scale: float, cu_q: torch.Tensor) -> torch.Tensor:
+    """xenc_lab's CPU kernel: the chunks' queries (``cu_q`` over q's rows) over their keys, read in place from the
+    cache and the stream by ``batch.key_index``."""
+    k_cache, v_cache = _store(k, v, batch, cache, layer)
+    out = paged_attention_cpu(q.flatten(1), k.flatten(1), v.flatten(1), k_cache.flatten(1), v_cache.flatten(1),
+                              batch.key_index, cu_q, batch.cu_seqlens_k, q.shape[1], scale)
+    if out is None:  # pragma: no cover - choices.resolve picks the kernel only where it is loaded
+        raise RuntimeError("xenc_lab's CPU attention kernel is not loaded")
+    return out
+
+
 def _keys_values(k, v, batch: ChunkBatch, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Store the batch's keys and values that the cache keeps, then gather every chunk's (C * Lk, KVH, D) keys and
     values: its context's from the cache, its own from the stream."""
     if cache is None:
         return k.index_select(0, batch.key_index), v.index_select(0, batch.key_index)
-    k_cache, v_cache = cache.k[layer], cache.v[layer]
-    k_cache.index_copy_(0, batch.write_slots, k.index_select(0, batch.write_index))
-    v_cache.index_copy_(0, batch.write_slots, v.index_select(0, batch.write_index))
+    k_cache, v_cache = _store(k, v, batch, cache, layer)
     # Each key slot from the cache or from the stream, gathered without copying the whole cache.
     from_cache = (batch.key_index < batch.cache_slots)[:, None, None]
     in_cache = batch.key_index.clamp(max=max(batch.cache_slots - 1, 0))
@@ -40,6 +67,8 @@ def chunk_attention(
     rotary; ``cache`` a ``kv_cache.KVCache`` (or None: no chunk has context and none is stored). The keys and values
     of ``batch.write_index`` are stored in the cache's ``layer`` first."""
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    if batch.layout == "varlen" and _kernel_runs(q):
+        return _kernel(q, k, v, batch, cache, layer, scale, batch.cu_seqlens)
     keys, values = _keys_values(k, v, batch, cache, layer)
     if batch.layout == "varlen":
         n = batch.num_tokens  # flash attention writes the chunks' rows; the filler tail stays zero
@@ -61,14 +90,18 @@ def last_token_attention(
     other tokens' outputs); ``q``, ``k`` and ``v`` are the whole stream's, the keys and values stored in the cache as
     ``chunk_attention`` stores them."""
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    keys, values = _keys_values(k, v, batch, cache, layer)
     if batch.layout == "varlen":
         # One query per chunk, its last token, over all of the chunk's keys.
         chunks = batch.cu_seqlens.shape[0] - 1
         ends = batch.cu_seqlens[1:].long() - 1
         one_each = torch.arange(chunks + 1, dtype=torch.int32, device=q.device)
-        out = _causal_varlen(q.index_select(0, ends), keys, values, one_each, batch, 1, scale)
+        if _kernel_runs(q):
+            out = _kernel(q.index_select(0, ends), k, v, batch, cache, layer, scale, one_each)
+        else:
+            keys, values = _keys_values(k, v, batch, cache, layer)
+            out = _causal_varlen(q.index_select(0, ends), keys, values, one_each, batch, 1, scale)
         return out.reshape(chunks, heads * dim).index_select(0, batch.last_chunk)
+    keys, values = _keys_values(k, v, batch, cache, layer)
     q = q.index_select(0, batch.last_index)
     chunks, _, lq, lk = batch.key_mask.shape
     kp = keys.view(chunks, lk, kv_heads, dim).index_select(0, batch.last_chunk).transpose(1, 2)
