@@ -176,13 +176,14 @@ def _run_group(enc, nodes, group, runner, cache, out, page_size, max_pages, pad_
 
 def _bucketed_tokens(tokens: int, runner: ModelRunner, page_size: int, max_pages: int) -> int | None:
     """The stream length of a batch of ``tokens`` real tokens: on the CPU (bucketed shapes, which bound the GEMM
-    shapes oneDNN keeps) up to a multiple of a 64th of the budget, at most 64 lengths; else whole pages. A decoder's
-    batches are often small (a shared prefix, a rerank's last documents): the encoders' eighths would pad them to
-    several times their size."""
+    shapes oneDNN keeps) whole pages up to a 16th of the budget, then a multiple of a 64th of the budget: at most
+    about 80 lengths. A decoder's batches are often small (a shared prefix, a rerank's last documents): the
+    encoders' eighths would pad them to several times their size."""
     if runner.batch_shapes != "bucketed":
         return None
-    step = max(1, max_pages // 64) * page_size
-    return min(-(-tokens // step) * step, max_pages * page_size)
+    pages = -(-tokens // page_size)
+    step = 1 if pages <= max_pages // 16 else max(1, max_pages // 64)
+    return min(-(-pages // step) * step, max_pages) * page_size
 
 
 def _run_chunks(chunks, runner, cache, page_size, max_pages, pad_token_id, batch_size, out) -> None:
