@@ -76,6 +76,7 @@ def test_bench_decoder_rows_follow_their_definitions_and_the_report_keeps_the_re
         assert st.ideal_gain == off.ideal_gain == 0.0  # the gain belongs to the sharing row
         for r in (st, on, off):
             assert math.isclose(r.pairs_per_s, 6 / r.seconds) and math.isclose(r.ratio, r.pairs_per_s / st.pairs_per_s)
+            assert r.accuracy_pairs == len(decoder.accuracy_pairs(6)) >= decoder.ACCURACY_PAIRS
         if dtype == "float32":
             assert st.max_abs_delta == 0.0 and on.max_abs_delta < 1e-4 and off.max_abs_delta < 1e-4
             assert on.error_ratio == off.error_ratio == 0.0
@@ -132,7 +133,7 @@ def test_bench_decoder_refuses_the_encoder_benchs_options_in_one_line(extra, cap
 def test_bench_decoder_compile_compiles_xenc_labs_engines(monkeypatch):
     seen = []
 
-    def time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile=False):
+    def time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile=False, check=None):
         seen.append(compile)
         raise KeyboardInterrupt  # stop before any model runs
 
@@ -142,3 +143,11 @@ def test_bench_decoder_compile_compiles_xenc_labs_engines(monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             main(argv)
     assert seen == [False, True]
+
+
+def test_accuracy_is_measured_on_the_timed_pairs_and_more_queries():
+    timed = decoder.rerank_pairs(16, seed=3)
+    pairs = decoder.accuracy_pairs(16, seed=3)
+    assert pairs[:16] == timed and len(pairs) == 64
+    assert len({q for q, _ in pairs}) == 4  # four queries, each with its own documents
+    assert decoder.accuracy_pairs(100) == decoder.rerank_pairs(100)

@@ -61,6 +61,18 @@ ENGINES = ("sentence-transformers", "xenc_lab sharing on", "xenc_lab sharing off
 # The issue's goals: sharing's share of its ideal gain, fp32 pairs/s over sentence-transformers', fp32 max |delta|,
 # bf16 error over sentence-transformers' own bf16 error.
 GOALS = {"gain_share": 0.85, "fp32_ratio": 2.0, "fp32_delta": 1e-4, "bf16_error_ratio": 1.5}
+# Deltas and errors are measured on at least this many pairs: the timed ones and more queries' (a 16-bit model's
+# error on a score moves by about its own size between pairs, so 16 pairs' mean tells two engines apart poorly).
+ACCURACY_PAIRS = 64
+
+
+def accuracy_pairs(n_docs: int, seed: int = 0) -> list[tuple[str, str]]:
+    """The timed pairs (``rerank_pairs(n_docs, seed)``), then as many more queries' (seeds seed + 1, ...) as bring
+    them to ACCURACY_PAIRS or more."""
+    pairs = rerank_pairs(n_docs, seed)
+    while len(pairs) < ACCURACY_PAIRS:
+        pairs += rerank_pairs(n_docs, seed + len(pairs) // n_docs)
+    return pairs
 
 
 def rerank_pairs(n_docs: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -148,12 +160,15 @@ class DecoderRow:
     error_ratio: float = 0.0  # xenc_lab at a dtype other than float32: mean |delta| over sentence-transformers' own
     max_error_ratio: float = 0.0  # ... and by the max
     oracle_drift: float = 0.0  # max |change| of sentence-transformers' fp32 scores between its timed runs
+    accuracy_pairs: int = 0  # the pairs the deltas are measured on (accuracy_pairs)
 
 
-def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, budget: dict, compile: bool = False):
-    """Each engine's timed runs (seconds), last scores and (xenc_lab) last token counts: every engine first runs the
-    pairs once untimed, so that each batch shape the timed runs meet has been met; then ``repeats`` rounds, each
-    starting with the next engine. The models are freed on return."""
+def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, budget: dict, compile: bool = False,
+                  check=None):
+    """Each engine's timed runs (seconds), last scores and (xenc_lab) last token counts, and its scores on the
+    ``check`` pairs (default: ``pairs``): every engine first runs the pairs once untimed, so that each batch shape
+    the timed runs meet has been met; then ``repeats`` rounds, each starting with the next engine; then ``check``
+    once. The models are freed on return."""
     from sentence_transformers import CrossEncoder
 
     from ..scorer import Scorer
@@ -164,7 +179,7 @@ def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, bud
     if not ours.decoder:
         raise ValueError(f"{path}: {ours.architecture} is not a decoder reranker")
 
-    def run_engine(engine: str):
+    def run_engine(engine: str, pairs=pairs):
         if engine == ENGINES[0]:
             return theirs.predict(pairs, activation_fn=identity, batch_size=st_batch_size), None
         ours.share_prefix = engine == ENGINES[1]  # one model in memory for both: the flag is read per call
@@ -178,17 +193,18 @@ def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, bud
             start = time.perf_counter()
             outs[engine].append(run_engine(engine))
             times[engine].append(time.perf_counter() - start)
-    return times, outs
+    checked = {e: np.asarray(outs[e][-1][0] if check is None else run_engine(e, check)[0]) for e in ENGINES}
+    return times, outs, checked
 
 
-def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, exact) -> list[DecoderRow]:
-    """The three engines' rows from their timed runs, deltas against ``exact`` (None: sentence-transformers' own runs
-    here are the fp32 reference, the drift between its first and last run reported)."""
-    scores = {e: np.asarray(outs[e][-1][0]) for e in ENGINES}
+def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, checked: dict, exact) -> list[DecoderRow]:
+    """The three engines' rows from their timed runs, deltas of their ``checked`` scores against ``exact`` (None:
+    sentence-transformers' own here are the fp32 reference, and the drift of its timed runs is reported)."""
+    scores = checked
     drift = 0.0
     if exact is None:
         exact = scores[ENGINES[0]]
-        drift = float(np.abs(np.asarray(outs[ENGINES[0]][0][0]) - exact).max())
+        drift = float(np.abs(np.asarray(outs[ENGINES[0]][0][0]) - np.asarray(outs[ENGINES[0]][-1][0])).max())
     counts = {e: outs[e][-1][1] for e in ENGINES[1:]}
     total = counts[ENGINES[1]].total
     computed = {ENGINES[0]: 0, **{e: c.computed for e, c in counts.items()}}
@@ -200,7 +216,7 @@ def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, exact) -> list
         rows.append(DecoderRow(
             model=name, dtype=dtype, engine=e, pairs=n, tokens_total=total, tokens_computed=computed[e],
             pairs_per_s=rates[e], ratio=rates[e] / rates[ENGINES[0]], max_abs_delta=float(delta.max()),
-            mean_abs_delta=float(delta.mean()), seconds=seconds[e], oracle_drift=drift))
+            mean_abs_delta=float(delta.mean()), seconds=seconds[e], oracle_drift=drift, accuracy_pairs=len(exact)))
     st, shared = rows[0], rows[1]
     shared.ideal_gain = total / shared.tokens_computed
     shared.measured_gain = rates[ENGINES[1]] / rates[ENGINES[2]]
@@ -242,19 +258,20 @@ def run(
     for model in models:
         name = str(model)
         path = decoder_reranker(name, root, seed) if name in MODELS else Path(model)
-        pairs = rerank_pairs(n_docs or (MODELS[name][0] if name in MODELS else 100), seed)
-        exact = None  # sentence-transformers' fp32 scores
+        n = n_docs or (MODELS[name][0] if name in MODELS else 100)
+        pairs, check = rerank_pairs(n, seed), accuracy_pairs(n, seed)
+        exact = None  # sentence-transformers' fp32 scores on the check pairs
         for dtype in dtypes:
             if dtype == "bfloat16" and not cpu_has_fast_bf16():
                 log("skipping bfloat16: this CPU has neither AMX nor AVX512-BF16")
                 continue
             if exact is None and dtype != "float32":
-                exact = CrossEncoder(str(path), device="cpu").predict(pairs, activation_fn=torch.nn.Identity(),
+                exact = CrossEncoder(str(path), device="cpu").predict(check, activation_fn=torch.nn.Identity(),
                                                                       batch_size=st_batch_size)
-            times, outs = _time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile)
-            measured = _rows(name, dtype, len(pairs), times, outs, exact)
+            times, outs, checked = _time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile, check)
+            measured = _rows(name, dtype, len(pairs), times, outs, checked, exact)
             if dtype == "float32":
-                exact = np.asarray(outs[ENGINES[0]][-1][0])
+                exact = checked[ENGINES[0]]
             for row in measured:
                 log(f"{name} {dtype:>8} {row.engine:>21}: {row.pairs_per_s:7.2f} pairs/s  x{row.ratio:.2f}  "
                     f"tokens {row.tokens_computed or '-'}/{row.tokens_total}  max|delta| vs ST fp32 {row.max_abs_delta:.1e}"
@@ -311,7 +328,8 @@ def report_section(rows: list[DecoderRow], command: str, machine: str, notes: st
         "model) and sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. `tokens computed`: "
         "what xenc_lab's model ran (`Scorer.token_counts`). `ideal gain` = tokens total / tokens "
         "computed with sharing; `gain` = pairs/s sharing on over off; `ratio` = pairs/s over sentence-transformers'. "
-        "`max abs delta`: raw scores against sentence-transformers fp32."
+        f"`max abs delta`: raw scores against sentence-transformers fp32, on {rows[0].accuracy_pairs} pairs (the "
+        "timed ones and more queries' of the same kind: `accuracy_pairs`)."
         + (" `error vs ST's own`: mean abs delta (and max) over sentence-transformers' own at that dtype." if bf16 else ""),
         "",
         "| model | dtype | engine | pairs | tokens total | tokens computed | ideal gain | gain (share) | pairs/s | "
