@@ -151,3 +151,12 @@ def test_accuracy_is_measured_on_the_timed_pairs_and_more_queries():
     assert pairs[:16] == timed and len(pairs) == 64
     assert len({q for q, _ in pairs}) == 4  # four queries, each with its own documents
     assert decoder.accuracy_pairs(100) == decoder.rerank_pairs(100)
+
+
+def test_ratios_are_medians_of_each_rounds_ratio():
+    """A slow spell that falls on one round moves both engines of that round, not the ratio's median."""
+    st, ours = [10.0, 30.0, 10.0], [5.0, 15.0, 4.0]  # round 2 three times slower for both
+    assert decoder.paired_ratio(st, ours) == 2.0
+    assert decoder.paired_ratio([3.0], [1.5]) == 2.0
+    with pytest.raises(ValueError):
+        decoder.paired_ratio([1.0, 2.0], [1.0])

@@ -150,12 +150,12 @@ class DecoderRow:
     tokens_total: int  # tokens of the pairs (the template's included)
     tokens_computed: int  # tokens the model ran: xenc_lab's token_counts.computed (0: not counted, sentence-transformers)
     pairs_per_s: float
-    ratio: float  # pairs/s over sentence-transformers' at the same dtype
+    ratio: float  # pairs/s over sentence-transformers' at the same dtype: the median of the rounds' ratios
     max_abs_delta: float  # raw scores against sentence-transformers fp32 on the same pairs
     mean_abs_delta: float
     seconds: float  # the median of the timed runs
     ideal_gain: float = 0.0  # sharing on: tokens_total / tokens_computed
-    measured_gain: float = 0.0  # sharing on: pairs/s over xenc_lab's with sharing off
+    measured_gain: float = 0.0  # sharing on: pairs/s over xenc_lab's with sharing off (the median of the rounds')
     gain_share: float = 0.0  # measured_gain / ideal_gain
     error_ratio: float = 0.0  # xenc_lab at a dtype other than float32: mean |delta| over sentence-transformers' own
     max_error_ratio: float = 0.0  # ... and by the max
@@ -197,6 +197,13 @@ def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, bud
     return times, outs, checked
 
 
+def paired_ratio(slow: list[float], fast: list[float]) -> float:
+    """How many times faster ``fast`` ran than ``slow``: the median over rounds of their seconds' ratio. The engines
+    of a round run back to back, so a slow spell of the machine (minutes long on these shared machines) falls on
+    both terms of a round's ratio, where it would move one engine's median alone."""
+    return statistics.median(s / f for s, f in zip(slow, fast, strict=True))
+
+
 def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, checked: dict, exact) -> list[DecoderRow]:
     """The three engines' rows from their timed runs, deltas of their ``checked`` scores against ``exact`` (None:
     sentence-transformers' own here are the fp32 reference, and the drift of its timed runs is reported)."""
@@ -210,16 +217,17 @@ def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, checked: dict,
     computed = {ENGINES[0]: 0, **{e: c.computed for e, c in counts.items()}}
     seconds = {e: statistics.median(times[e]) for e in ENGINES}
     rates = {e: n / seconds[e] for e in ENGINES}
+    speedup = lambda slow, fast: paired_ratio(times[slow], times[fast])
     rows = []
     for e in ENGINES:
         delta = np.abs(scores[e] - exact)
         rows.append(DecoderRow(
             model=name, dtype=dtype, engine=e, pairs=n, tokens_total=total, tokens_computed=computed[e],
-            pairs_per_s=rates[e], ratio=rates[e] / rates[ENGINES[0]], max_abs_delta=float(delta.max()),
+            pairs_per_s=rates[e], ratio=speedup(ENGINES[0], e), max_abs_delta=float(delta.max()),
             mean_abs_delta=float(delta.mean()), seconds=seconds[e], oracle_drift=drift, accuracy_pairs=len(exact)))
     st, shared = rows[0], rows[1]
     shared.ideal_gain = total / shared.tokens_computed
-    shared.measured_gain = rates[ENGINES[1]] / rates[ENGINES[2]]
+    shared.measured_gain = speedup(ENGINES[2], ENGINES[1])
     shared.gain_share = shared.measured_gain / shared.ideal_gain
     if dtype != "float32" and st.mean_abs_delta:
         for row in rows[1:]:
@@ -327,7 +335,8 @@ def report_section(rows: list[DecoderRow], command: str, machine: str, notes: st
         "Engines in one process, alternating runs, medians: xenc_lab with prefix sharing on and off (the same loaded "
         "model) and sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. `tokens computed`: "
         "what xenc_lab's model ran (`Scorer.token_counts`). `ideal gain` = tokens total / tokens "
-        "computed with sharing; `gain` = pairs/s sharing on over off; `ratio` = pairs/s over sentence-transformers'. "
+        "computed with sharing; `gain` = pairs/s sharing on over off; `ratio` = pairs/s over sentence-transformers' "
+        "(gain and ratio: the median of the rounds' ratios, each round running the engines back to back). "
         f"`max abs delta`: raw scores against sentence-transformers fp32, on {rows[0].accuracy_pairs} pairs (the "
         "timed ones and more queries' of the same kind: `accuracy_pairs`)."
         + (" `error vs ST's own`: mean abs delta (and max) over sentence-transformers' own at that dtype." if bf16 else ""),
