@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from xenc_lab.bench import decoder
+from xenc_lab.bench.report import append_section
 from xenc_lab.bench.timing import cpu_has_fast_bf16
 from xenc_lab.bench.workloads import _VOCAB
 from xenc_lab.cli import main
@@ -92,7 +93,7 @@ def test_bench_decoder_rows_follow_their_definitions_and_the_report_keeps_the_re
     assert (f"| qwen3-tiny | float32 | xenc_lab sharing on | 6 | {on.tokens_total} | {on.tokens_computed} | "
             f"{on.ideal_gain:.2f}x | {on.measured_gain:.2f}x ({on.gain_share:.0%}) | {on.pairs_per_s:.2f} |") in text
     assert text.count("\n- qwen3-tiny ") == len(decoder.goals(rows)) == 2 * len(dtypes)
-    decoder.append_section(tmp_path / "throughput.md", decoder.report_section(rows, "again", "here"))
+    append_section(tmp_path / "throughput.md", decoder.report_section(rows, "again", "here"))
     again = (tmp_path / "throughput.md").read_text()
     assert again.count("## Decoder rerankers") == 1 and "Regenerate with `again`" in again
     assert again.startswith("# Throughput\n\nthe encoder table\n\n## Decoder rerankers\n")
@@ -101,7 +102,7 @@ def test_bench_decoder_rows_follow_their_definitions_and_the_report_keeps_the_re
 def test_a_section_is_replaced_in_place_and_what_follows_it_is_kept(tmp_path):
     path = tmp_path / "r.md"
     path.write_text("# R\n\n## Decoder rerankers\n\nold\n\n## Later\n\nkept\n")
-    decoder.append_section(path, "## Decoder rerankers\n\nnew\n")
+    append_section(path, "## Decoder rerankers\n\nnew\n")
     assert path.read_text() == "# R\n\n## Decoder rerankers\n\nnew\n\n## Later\n\nkept\n"
 
 

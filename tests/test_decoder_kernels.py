@@ -46,8 +46,8 @@ def paged_reference(q, k, v, k_cache, v_cache, key_index, cu_q, cu_k, heads, sca
     out = torch.zeros(q.shape, dtype=torch.float64)
     for b in range(len(cu_q) - 1):
         idx = key_index[int(cu_k[b]) : int(cu_k[b + 1])]
-        widen = lambda x, n=len(idx): x.view(n, -1, head_dim).repeat_interleave(group, 1).reshape(n, -1)
-        kb, vb = widen(keys[idx]), widen(values[idx])
+        kb, vb = (x[idx].view(len(idx), -1, head_dim).repeat_interleave(group, 1).reshape(len(idx), -1)
+                  for x in (keys, values))
         nq = int(cu_q[b + 1] - cu_q[b])
         for i in range(nq):
             row, visible = int(cu_q[b]) + i, len(idx) - nq + i + 1

@@ -143,7 +143,7 @@ def test_32_concurrent_clients_each_get_their_own_scores_and_their_requests_shar
 
 
 def test_the_serving_section_reports_the_ratios_and_replaces_only_itself_in_the_report(tmp_path):
-    from xenc_lab.bench.decoder import append_section
+    from xenc_lab.bench.report import append_section
 
     result = LoadResult(seconds=10.0, requests=50, failed=1, mismatched=1, pairs=800, latencies=[0.1, 0.2, 0.3])
     row = {"model": "m", "dtype": "float32", "clients": 32, "seconds": 10.0, "rounds": 2, "workload": "short",

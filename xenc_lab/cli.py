@@ -139,7 +139,7 @@ def decoder_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .bench import decoder
-    from .bench.report import machine
+    from .bench.report import append_section, machine
 
     others = {"--model": args.model, "--workloads": args.workloads, "--pairs-file": args.pairs_file,
               "--memory": args.memory, "--device cuda": args.device != "cpu"}
@@ -159,7 +159,7 @@ def decoder_bench(args: argparse.Namespace) -> int:
         command = "xenc-lab " + shlex.join(args.argv)
         notes = (f"Load average (1 min) when the run began and ended: {load:.1f} and {os.getloadavg()[0]:.1f}, on "
                  f"{os.cpu_count()} CPUs: other work on the machine slows the engines' many parallel regions unevenly.")
-        path = decoder.append_section(Path(args.report) / "throughput.md",
+        path = append_section(Path(args.report) / "throughput.md",
                                       decoder.report_section(rows, command, machine(), notes))
         print(f"wrote the decoder section of {path}")
     return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -174,3 +175,22 @@ def plot(rows: list[BenchRow], ax=None):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def append_section(path: str | os.PathLike, section: str) -> Path:
+    """``section`` (a markdown ``## `` section) in the file at ``path``: replacing the section of the same heading
+    where there is one, else appended; the rest of the file is kept."""
+    path = Path(path)
+    heading = section.splitlines()[0]
+    text = path.read_text() if path.is_file() else ""
+    lines = text.splitlines()
+    if heading in lines:
+        start = lines.index(heading)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = section.rstrip("\n").splitlines() + ([""] if end < len(lines) else [])
+        text = "\n".join(lines) + "\n"
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -519,6 +519,19 @@ void check_operand(const at::Tensor& x, const char* name, const at::Tensor& q) {
   TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= 0, name, " must have non-negative row stride");
 }
 
+// q's dtype, columns and head split, checked for `op`; returns the head dim.
+int64_t check_queries(const at::Tensor& q, int64_t num_heads, const char* op) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              op, " supports float32, bfloat16 and float16, got ", q.scalar_type());
+  check_operand(q, "q", q);
+  TORCH_CHECK(num_heads > 0 && q.size(1) % num_heads == 0, "num_heads (", num_heads, ") must divide the ",
+              q.size(1), " columns of q");
+  const int64_t head_dim = q.size(1) / num_heads;
+  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "head_dim must be in [1, ", kMaxHeadDim, "], got ",
+              head_dim);
+  return head_dim;
+}
+
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, std::vector<int64_t> cu_q,
          std::vector<int64_t> cu_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
@@ -546,16 +559,9 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                      const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
-              "packed_attention supports float32, bfloat16 and float16, got ", q.scalar_type());
-  check_operand(q, "q", q);
+  check_queries(q, num_heads, "packed_attention");
   check_operand(k, "k", q);
   check_operand(v, "v", q);
-  TORCH_CHECK(num_heads > 0 && q.size(1) % num_heads == 0, "num_heads (", num_heads, ") must divide the ",
-              q.size(1), " columns of q");
-  const int64_t head_dim = q.size(1) / num_heads;
-  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "head_dim must be in [1, ", kMaxHeadDim, "], got ",
-              head_dim);
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
   TORCH_CHECK(window >= -1, "window must be >= 0 (or -1 for full attention), got ", window);
 
@@ -616,14 +622,7 @@ void run_paged(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& key_index, const at::Tensor& cu_seqlens_q,
                            const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
-              "paged_attention supports float32, bfloat16 and float16, got ", q.scalar_type());
-  check_operand(q, "q", q);
-  TORCH_CHECK(num_heads > 0 && q.size(1) % num_heads == 0, "num_heads (", num_heads, ") must divide the ",
-              q.size(1), " columns of q");
-  const int64_t head_dim = q.size(1) / num_heads;
-  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "head_dim must be in [1, ", kMaxHeadDim, "], got ",
-              head_dim);
+  const int64_t head_dim = check_queries(q, num_heads, "paged_attention");
   TORCH_CHECK(k.dim() == 2 && k.size(1) % head_dim == 0 && k.size(1) > 0 && num_heads % (k.size(1) / head_dim) == 0,
               "k must be (tokens, key_heads * ", head_dim, ") with key_heads dividing num_heads (", num_heads,
               "), got shape ", k.sizes());

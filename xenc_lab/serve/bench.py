@@ -181,8 +181,7 @@ def run_command(args) -> int:
     import shlex
     from pathlib import Path
 
-    from ..bench.decoder import append_section
-    from ..bench.report import machine
+    from ..bench.report import append_section, machine
 
     others = {"--workloads (more than one)": len(args.workloads or []) > 1, "--pairs-file": args.pairs_file,
               "--memory": args.memory, "--decoder": args.decoder is not None, "--dtypes (more than one)":
