@@ -207,10 +207,9 @@ def paired_ratio(slow: list[float], fast: list[float]) -> float:
 def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, checked: dict, exact) -> list[DecoderRow]:
     """The three engines' rows from their timed runs, deltas of their ``checked`` scores against ``exact`` (None:
     sentence-transformers' own here are the fp32 reference, and the drift of its timed runs is reported)."""
-    scores = checked
     drift = 0.0
     if exact is None:
-        exact = scores[ENGINES[0]]
+        exact = checked[ENGINES[0]]
         drift = float(np.abs(np.asarray(outs[ENGINES[0]][0][0]) - np.asarray(outs[ENGINES[0]][-1][0])).max())
     counts = {e: outs[e][-1][1] for e in ENGINES[1:]}
     total = counts[ENGINES[1]].total
@@ -220,7 +219,7 @@ def _rows(name: str, dtype: str, n: int, times: dict, outs: dict, checked: dict,
     speedup = lambda slow, fast: paired_ratio(times[slow], times[fast])
     rows = []
     for e in ENGINES:
-        delta = np.abs(scores[e] - exact)
+        delta = np.abs(checked[e] - exact)
         rows.append(DecoderRow(
             model=name, dtype=dtype, engine=e, pairs=n, tokens_total=total, tokens_computed=computed[e],
             pairs_per_s=rates[e], ratio=speedup(ENGINES[0], e), max_abs_delta=float(delta.max()),

@@ -532,18 +532,23 @@ int64_t check_queries(const at::Tensor& q, int64_t num_heads, const char* op) {
   return head_dim;
 }
 
+// Rows of the output outside every sequence (a filler tail) are zero.
+template <typename T>
+void zero_outside_sequences(const Problem<T>& p, at::Tensor& out) {
+  const int64_t row_bytes = out.size(1) * static_cast<int64_t>(sizeof(T));
+  if (out.numel() > 0) {
+    std::memset(p.out, 0, p.cu_q.front() * row_bytes);
+    std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
+  }
+}
+
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, std::vector<int64_t> cu_q,
          std::vector<int64_t> cu_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
   Problem<T> p{q.const_data_ptr<T>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
                q.stride(0), k.stride(0), v.stride(0), out.stride(0), std::move(cu_q), std::move(cu_k),
                num_heads, q.size(1) / num_heads, static_cast<float>(scale), window < 0 ? -1 : window / 2};
-  // Rows outside every sequence (a filler tail) are zero.
-  const int64_t row_bytes = out.size(1) * static_cast<int64_t>(sizeof(T));
-  if (out.numel() > 0) {
-    std::memset(p.out, 0, p.cu_q.front() * row_bytes);
-    std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
-  }
+  zero_outside_sequences(p, out);
   if constexpr (std::is_same_v<T, float>) {
     run_items<Worker<T>>(p);
   } else {
@@ -609,11 +614,7 @@ void run_paged(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   p.cache_rows = k_cache.size(0);
   p.kc_stride = k_cache.stride(0);
   p.vc_stride = v_cache.stride(0);
-  const int64_t row_bytes = out.size(1) * static_cast<int64_t>(sizeof(T));
-  if (out.numel() > 0) {
-    std::memset(p.out, 0, p.cu_q.front() * row_bytes);
-    std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
-  }
+  zero_outside_sequences(p, out);
   run_items<Worker<T>>(p);
 }
 

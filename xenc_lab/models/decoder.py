@@ -176,8 +176,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch, cache, residual: torch.Tensor,
                 last: bool = False) -> torch.Tensor:
-        """(T, d) -> (T, d): ``residual`` plus the attention's output projection (``plus``); ``last``: (R, d), the rows ``batch.last_index`` only (every token's keys and values are
-        still made, and stored where the cache keeps them), ``residual`` being those rows'."""
+        """(T, d) -> (T, d): ``residual`` plus the attention's output projection (``plus``); ``last``: (R, d), the
+        rows ``batch.last_index`` only (every token's keys and values are still made, and stored where the cache keeps
+        them), ``residual`` being those rows'."""
         T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         qk, v = qkv[:, : (H + KVH) * D].view(T, H + KVH, D), qkv[:, (H + KVH) * D :].view(T, KVH, D)
