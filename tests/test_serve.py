@@ -156,7 +156,7 @@ ERRORS = {
     "truncation below -1": (dict(json={"text_1": "q", "text_2": "d", "truncate_prompt_tokens": -2}), 400,
                             "greater than or equal to -1"),
     "an unsupported vLLM field": (dict(json={"text_1": "q", "text_2": "d", "max_tokens_per_doc": 8}), 400,
-                                  "max_tokens_per_doc is not supported"),
+                                  "max_tokens_per_doc=8 is not supported"),
     "a lone surrogate": (dict(content=b'{"text_1": "q\\ud800", "text_2": "d"}', headers=JSON), 400,
                          "character 1 is a lone surrogate"),
     "a body over the limit": (dict(json={"text_1": "q", "text_2": "x" * 40_000}), 413, "at most 32768 bytes"),
@@ -312,17 +312,22 @@ def test_a_multi_label_model_is_refused_at_start(scorer3):
         create_app(scorer3)
 
 
-def test_serve_command_binds_loopback_by_default_and_warns_on_any_other_address(tiny_dir, monkeypatch, capsys):
-    import uvicorn
-
+def test_serve_command_binds_loopback_by_default_and_warns_on_any_other_address_without_a_key(
+        tiny_dir, monkeypatch, capsys):
     from xenc_lab.cli import main
+    from xenc_lab.serve.server import Server
 
     seen = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(Server, "run", lambda self: seen.append(self.config))
+    monkeypatch.delenv("XENC_LAB_API_KEY", raising=False)
     assert main(["serve", str(tiny_dir), "--device", "cpu", "--max-queue", "3"]) == 0
-    assert seen[-1]["host"] == "127.0.0.1" and seen[-1]["port"] == 8000 and "warning" not in capsys.readouterr().out
+    assert seen[-1].host == "127.0.0.1" and seen[-1].port == 8000 and "warning" not in capsys.readouterr().out
     assert main(["serve", str(tiny_dir), "--device", "cpu", "--host", "0.0.0.0", "--port", "9001"]) == 0
-    assert seen[-1]["host"] == "0.0.0.0" and "no authentication" in capsys.readouterr().out
+    assert seen[-1].host == "0.0.0.0" and "no authentication" in capsys.readouterr().out
+    assert main(["serve", str(tiny_dir), "--device", "cpu", "--host", "0.0.0.0", "--api-key", "k"]) == 0
+    assert "warning" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["serve", str(tiny_dir), "--body-timeout", "0"])
 
 
 def test_importing_xenc_lab_does_not_import_the_web_stack():
@@ -340,7 +345,7 @@ def test_no_request_generated_from_the_openapi_schema_gets_a_server_error(served
     types, edge values), by schemathesis: each is answered 2xx or 4xx."""
     schema = schemathesis.openapi.from_url(served.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 7
+    assert len(operations) == 8
     cases = st.one_of([op.as_strategy(generation_mode=mode) for op in operations for mode in schemathesis.GenerationMode])
     seen = []
 

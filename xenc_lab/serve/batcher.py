@@ -15,11 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine import WINDOW
+from .truncation import truncating_from
+
+MAX_BATCH_PAIRS = 1024  # pairs of one predict call at most: a tokenization window of the engine
 
 
 class QueueFull(Exception):
     """The queue holds ``max_queue`` requests: the caller is to retry later."""
+
+
+class Unavailable(RuntimeError):
+    """The worker has stopped or is stopping (shutdown): the caller is to retry later, elsewhere."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,6 +34,8 @@ class CallOptions:
 
     max_length: int | None  # None: the Scorer's own
     activation: bool  # False: raw logits
+    truncation_side: str | None = None  # None: the tokenizer's own
+    cache_salt: str | None = None  # requests of different salts never share a call
 
 
 @dataclass(slots=True)
@@ -39,15 +47,19 @@ class Job:
 
 class Batcher:
     """Scores queued requests on one worker thread (the Scorer takes one call at a time anyway), several requests per
-    ``predict`` call. ``calls``, ``requests`` and ``pairs`` count what it ran, for benchmarks and tests."""
+    ``predict`` call. ``calls``, ``requests`` and ``pairs`` count what it ran, for benchmarks and tests;
+    ``on_call(requests, pairs, computed)`` hears of each call (``computed``: the tokens the model ran where the Scorer
+    counts them, a decoder sharing prefixes; else None)."""
 
-    def __init__(self, scorer, max_queue: int = 256, max_batch_pairs: int = WINDOW):
+    def __init__(self, scorer, max_queue: int = 256, max_batch_pairs: int = MAX_BATCH_PAIRS, on_call=None):
         if max_queue < 1 or max_batch_pairs < 1:
             raise ValueError(f"max_queue and max_batch_pairs must be positive, got {max_queue} and {max_batch_pairs}")
         self.scorer = scorer
         self.max_queue = max_queue
         self.max_batch_pairs = max_batch_pairs
         self.calls = self.requests = self.pairs = 0
+        self.on_call = on_call
+        self.counted = None  # whether the Scorer counted the tokens it ran in its last call (None: no call yet)
         self._jobs: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -67,12 +79,14 @@ class Batcher:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closed
 
-    def submit(self, pairs: list[tuple[str, str]], max_length: int | None, activation: bool) -> Future:
-        """Queue a request's pairs; its future gets their scores. QueueFull when ``max_queue`` requests wait."""
-        job = Job(list(pairs), CallOptions(max_length, activation), Future())
+    def submit(self, pairs: list[tuple[str, str]], max_length: int | None, activation: bool,
+               truncation_side: str | None = None, cache_salt: str | None = None) -> Future:
+        """Queue a request's pairs; its future gets their scores. QueueFull when ``max_queue`` requests wait,
+        Unavailable once closed."""
+        job = Job(list(pairs), CallOptions(max_length, activation, truncation_side, cache_salt), Future())
         with self._cond:
             if self._closed or not self._thread.is_alive():
-                raise RuntimeError("the engine's worker is not running")
+                raise Unavailable("the server is shutting down" if self._closed else "the engine's worker is not running")
             if len(self._jobs) >= self.max_queue:  # requests given up free their places
                 self._jobs = deque(waiting for waiting in self._jobs if not waiting.future.cancelled())
             if len(self._jobs) >= self.max_queue:
@@ -82,15 +96,16 @@ class Batcher:
         return job.future
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Stop after the call in progress; requests still queued fail with RuntimeError."""
+        """Stop after the call in progress (which finishes and answers); requests still queued fail with Unavailable.
+        ``timeout=0`` returns at once (a graceful shutdown's first step)."""
         with self._cond:
             self._closed = True
             left, self._jobs = list(self._jobs), deque()
             self._cond.notify_all()
         for job in left:
             if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(RuntimeError("the server is shutting down"))
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+                job.future.set_exception(Unavailable("the server is shutting down"))
+        if timeout != 0 and self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     def _take(self) -> list[Job] | None:
@@ -122,8 +137,10 @@ class Batcher:
         options = jobs[0].options
         pairs = [pair for job in jobs for pair in job.pairs]
         try:
-            scores = self.scorer.predict(pairs, max_length=options.max_length, show_progress_bar=False,
-                                         activation_fn=None if options.activation else self._raw)
+            with truncating_from(self.scorer, options.truncation_side):
+                scores = self.scorer.predict(pairs, max_length=options.max_length, show_progress_bar=False,
+                                             activation_fn=None if options.activation else self._raw)
+            counts = getattr(self.scorer, "token_counts", None)  # the call's tokens where the Scorer counts them
         except (ValueError, TypeError) as err:  # the Scorer refused some input: each request alone finds whose
             if len(jobs) == 1:
                 jobs[0].future.set_exception(err)
@@ -141,6 +158,9 @@ class Batcher:
         self.calls += 1
         self.requests += len(jobs)
         self.pairs += len(pairs)
+        self.counted = counts is not None and counts.total > 0
+        if self.on_call is not None:
+            self.on_call(len(jobs), len(pairs), counts.computed if self.counted else None)
         start = 0
         for job in jobs:
             job.future.set_result(scores[start : start + len(job.pairs)])

@@ -23,9 +23,6 @@ def _unicode(text: str) -> str:
 Text = Annotated[str, AfterValidator(_unicode)]
 Texts = Text | list[Text]
 
-# vLLM request fields this server does not implement: refused when set rather than ignored (their absence would change
-# the scores silently). Other unknown fields are ignored, as vLLM ignores them.
-UNSUPPORTED = {"max_tokens_per_query": None, "max_tokens_per_doc": None, "mm_processor_kwargs": None, "priority": 0}
 # The ways /score takes its two sides, in the order they are looked for.
 SCORE_SIDES = (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items"))
 
@@ -34,8 +31,18 @@ def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex}"
 
 
+def _off(name: str, off: object, why: str):
+    """A check that refuses a field unless it holds ``off`` (vLLM's default, which is what this server does)."""
+    def check(value):
+        if value != off and value is not None:
+            raise ValueError(f"{name}={value!r} is not supported by this server ({why}); leave it out or send {off!r}")
+        return value
+    return AfterValidator(check)
+
+
 class Options(BaseModel):
-    """What /score and /rerank requests share: the model's name and the per-request options."""
+    """What /score and /rerank requests share: vLLM's pooling request fields. Each is honoured as vLLM honours it or
+    refused when set to anything but the value that does what this server does (docs/serving.md lists them)."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -44,21 +51,26 @@ class Options(BaseModel):
     truncate_prompt_tokens: int | None = Field(
         None, ge=-1, description="truncate each pair to this many tokens (-1: the model's max_model_len); above "
                                  "max_model_len is refused. Default: the model's max_length, as sentence-transformers")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="the side truncation cuts from: right keeps the first tokens, left the last (the pair's "
+                          "longer text loses tokens first, special tokens stay). Default: the tokenizer's own")
     use_activation: bool | None = Field(
         None, description="true (default): scores through the model's activation, as CrossEncoder.predict (Identity "
                           "for ms-marco-style saves, else sigmoid for one label); false: raw logits")
     activation: bool | None = Field(None, description="deprecated: the old name of use_activation")
     softmax: bool | None = Field(None, description="deprecated: the old name of use_activation")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data):
-        if isinstance(data, dict):
-            given = [k for k, off in UNSUPPORTED.items() if k in data and data[k] != off]
-            if given:
-                raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not supported by this "
-                                 "server: leave it out (priority may be 0)")
-        return data
+    request_id: Annotated[str, Field(max_length=256)] | None = Field(
+        None, description="the response's id is '<score|rerank>-' and this (an X-Request-Id header wins, as in vLLM)")
+    cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        None, description="requests with different salts never share an engine call (nor a decoder's prefix)")
+    priority: Annotated[int, _off("priority", 0, "no priority scheduling")] = 0
+    padding: Annotated[Literal["max_length", "do_not_pad"] | None,
+                       _off("padding", "do_not_pad", "pairs are never padded")] = None
+    max_tokens_per_query: Annotated[int, _off("max_tokens_per_query", 0, "no per-side limits")] = 0
+    max_tokens_per_doc: Annotated[int, _off("max_tokens_per_doc", 0, "no per-side limits")] = 0
+    mm_processor_kwargs: Annotated[dict | None, _off("mm_processor_kwargs", None, "text only")] = None
+    add_special_tokens: Annotated[bool, _off("add_special_tokens", True, "pairs always carry the model's special "
+                                                                         "tokens, as vLLM's cross-encoder pairs")] = True
 
     def activation_on(self) -> bool:
         """vLLM's rule: use_activation, else its old names, else on."""
@@ -99,7 +111,8 @@ class RerankRequest(Options):
 
     query: Text
     documents: Texts
-    top_n: int | None = Field(0, description="results to return, best first; 0 or less (or null): all")
+    top_n: int | None = Field(0, ge=0, description="results to return, best first; 0 (or null): all. Negative is "
+                                                   "refused, as vLLM refuses it")
     return_documents: bool = Field(True, description="echo each document's text in its result, as vLLM always does")
 
 
