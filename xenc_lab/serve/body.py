@@ -21,23 +21,31 @@ class BodyReader:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             return await send_error(send, 413, f"{limit}; this one declares {declared.decode(errors='replace')[:40]}",
                                     close=True)
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+
+        async def read() -> str:  # "done", or why the body was not read: "gone" (the client left), "large"
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return "gone"
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.max_bytes:
+                    return "large"
+                if not message.get("more_body", False):
+                    return "done"
+
         try:
-            async with asyncio.timeout(self.timeout):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":  # the client left
-                        return None
-                    chunks.append(message.get("body", b""))
-                    size += len(chunks[-1])
-                    if size > self.max_bytes:
-                        return await send_error(send, 413, f"{limit}; this one sent more", close=True)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
+            outcome = await asyncio.wait_for(read(), self.timeout)
+        except asyncio.TimeoutError:
             self.on_timeout()
             return await send_error(send, 408, f"the request body did not arrive within {self.timeout:g} s "
-                                               f"(--body-timeout); {size} bytes came", close=True)
+                                               f"(--body-timeout); {sum(map(len, chunks))} bytes came", close=True)
+        if outcome == "gone":
+            return None
+        if outcome == "large":
+            return await send_error(send, 413, f"{limit}; this one sent more", close=True)
         body, replayed = b"".join(chunks), False
 
         async def replay():

@@ -41,9 +41,8 @@ class Deadline:
             await send(message)
 
         try:
-            async with asyncio.timeout(self.seconds):
-                return await self.app(scope, receive, sending)
-        except TimeoutError:
+            return await asyncio.wait_for(self.app(scope, receive, sending), self.seconds)
+        except asyncio.TimeoutError:
             self.on_timeout()
             if started:  # cut mid-answer: the connection is dropped rather than finished wrong
                 raise
