@@ -48,7 +48,7 @@ class ServerThread:
                 raise RuntimeError("the server did not start (see its log)")
             time.sleep(0.01)
         host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"{'https' if self.server.config.is_ssl else 'http'}://{host}:{port}"
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
