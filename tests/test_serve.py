@@ -159,6 +159,13 @@ ERRORS = {
                                   "max_tokens_per_doc=8 is not supported"),
     "a lone surrogate": (dict(content=b'{"text_1": "q\\ud800", "text_2": "d"}', headers=JSON), 400,
                          "character 1 is a lone surrogate"),
+    "JSON nested too deep": (dict(content=b'{"text_1": ' + b"[" * 15_000 + b"]" * 15_000 + b"}", headers=JSON), 400,
+                             "not valid JSON for this API (RecursionError"),
+    "a number of 5000 digits": (dict(content=b'{"text_1": "q", "text_2": "d", "priority": ' + b"9" * 5000 + b"}",
+                                     headers=JSON), 400, "not valid JSON for this API (ValueError"),
+    "not UTF-8": (dict(content=b'{"text_1": "q\xff", "text_2": "d"}', headers=JSON), 400, "not valid JSON"),
+    "another media type": (dict(content=b"text_1=q&text_2=d", headers={"content-type": "text/plain"}), 400,
+                           "expected a JSON object (Content-Type: application/json); got text/plain"),
     "a body over the limit": (dict(json={"text_1": "q", "text_2": "x" * 40_000}), 413, "at most 32768 bytes"),
 }
 

@@ -35,7 +35,8 @@ def _off(name: str, off: object, why: str):
     """A check that refuses a field unless it holds ``off`` (vLLM's default, which is what this server does)."""
     def check(value):
         if value != off and value is not None:
-            raise ValueError(f"{name}={value!r} is not supported by this server ({why}); leave it out or send {off!r}")
+            raise ValueError(f"{name}={repr(value)[:80]} is not supported by this server ({why}); leave it out or "
+                             f"send {off!r}")
         return value
     return AfterValidator(check)
 
