@@ -4,6 +4,7 @@ rerank APIs is answered; bad input gets 4xx with a JSON error saying what was ex
 fuzzes the OpenAPI schema); a full queue gets 503 with Retry-After; queued requests share predict calls."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -324,9 +325,11 @@ def test_serve_command_binds_loopback_by_default_and_warns_on_any_other_address_
     from xenc_lab.cli import main
     from xenc_lab.serve.server import Server
 
-    seen = []
+    seen, served_logs = [], logging.getLogger("xenc_lab.serve")
     monkeypatch.setattr(Server, "run", lambda self: seen.append(self.config))
     monkeypatch.delenv("XENC_LAB_API_KEY", raising=False)
+    monkeypatch.setattr(served_logs, "handlers", [])  # the command's log handler leaves with the test
+    monkeypatch.setattr(served_logs, "level", served_logs.level)
     assert main(["serve", str(tiny_dir), "--device", "cpu", "--max-queue", "3"]) == 0
     assert seen[-1].host == "127.0.0.1" and seen[-1].port == 8000 and "warning" not in capsys.readouterr().out
     assert main(["serve", str(tiny_dir), "--device", "cpu", "--host", "0.0.0.0", "--port", "9001"]) == 0

@@ -1,8 +1,8 @@
 """Every vLLM request field of the score and rerank APIs, over real HTTP on loopback: honoured as vLLM honours it
 (``truncation_side`` left and right against sentence-transformers with its tokenizer cutting from that side,
-``request_id``, ``cache_salt``, the default values of the rest) or refused with a 400 that names it (``label_token_ids``,
-``normalize``, ``add_special_tokens: false``, a negative ``top_n``...); an unknown field is ignored with a warning that
-names it, as vLLM's server does."""
+``request_id``, ``cache_salt``, the default values of the rest) or refused with a 400 that names it
+(``label_token_ids``, ``normalize``, ``add_special_tokens: false``, a negative ``top_n``...); an unknown field is
+ignored with a warning that names it, as vLLM's server does."""
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,7 @@
 """ASGI middleware, outermost: one structured access-log line per request (JSON: method, route, status, pairs, tokens,
 ms, client) on the ``xenc_lab.serve.access`` logger, and the request metrics (by route and status, latency). Handlers
-put the pairs and tokens they answered in ``scope["xenc"]``. Headers (an API key) are never logged, nor query strings."""
+put the pairs and tokens they answered in ``scope["xenc"]``. Headers (an API key) are never logged, nor query
+strings."""
 from __future__ import annotations
 
 import json

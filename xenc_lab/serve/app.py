@@ -65,7 +65,8 @@ def _body(model) -> dict:
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
-def create_app(scorer, served_name: str | None = None, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
+def create_app(scorer, served_name: str | None = None, limits: Limits = Limits(),
+               api_key: str | None = None) -> FastAPI:
     """The app serving ``scorer`` as ``served_name`` (default: the model as the Scorer was given it); with ``api_key``,
     every route but /health needs ``Authorization: Bearer <api_key>``."""
     if scorer.num_labels != 1:

@@ -86,7 +86,8 @@ class Batcher:
         job = Job(list(pairs), CallOptions(max_length, activation, truncation_side, cache_salt), Future())
         with self._cond:
             if self._closed or not self._thread.is_alive():
-                raise Unavailable("the server is shutting down" if self._closed else "the engine's worker is not running")
+                raise Unavailable("the server is shutting down" if self._closed
+                                  else "the engine's worker is not running")
             if len(self._jobs) >= self.max_queue:  # requests given up free their places
                 self._jobs = deque(waiting for waiting in self._jobs if not waiting.future.cancelled())
             if len(self._jobs) >= self.max_queue:

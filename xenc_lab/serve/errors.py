@@ -1,5 +1,5 @@
-"""Errors as vLLM's JSON body (``{"error": {"message", "type", "param", "code"}}``) and validation errors read as what was
-expected."""
+"""Errors as vLLM's JSON body (``{"error": {"message", "type", "param", "code"}}``) and validation errors read as what
+was expected."""
 from __future__ import annotations
 
 import json

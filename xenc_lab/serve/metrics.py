@@ -1,5 +1,5 @@
-"""``GET /metrics``: the server's counters in Prometheus' text format (prometheus-client), on a registry of the app's own
-(so that a process can hold several apps, as the tests do). docs/serving.md#metrics lists them."""
+"""``GET /metrics``: the server's counters in Prometheus' text format (prometheus-client), on a registry of the app's
+own (so that a process can hold several apps, as the tests do). docs/serving.md#metrics lists them."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram

@@ -62,7 +62,8 @@ def _json(raw: bytes, content_type: str | None) -> dict:
     except json.JSONDecodeError as err:
         raise ApiError(400, f"the body is not valid JSON ({err.msg} at character {err.pos})") from None
     except (ValueError, RecursionError) as err:  # a number of over 4300 digits; arrays nested too deep
-        raise ApiError(400, f"the body is not valid JSON for this API ({type(err).__name__}: {str(err)[:120]})") from None
+        raise ApiError(400, f"the body is not valid JSON for this API ({type(err).__name__}: "
+                            f"{str(err)[:120]})") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"expected a JSON object (Content-Type: application/json); got a {type(data).__name__}")
     return data

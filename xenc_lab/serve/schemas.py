@@ -70,8 +70,8 @@ class Options(BaseModel):
     max_tokens_per_query: Annotated[int, _off("max_tokens_per_query", 0, "no per-side limits")] = 0
     max_tokens_per_doc: Annotated[int, _off("max_tokens_per_doc", 0, "no per-side limits")] = 0
     mm_processor_kwargs: Annotated[dict | None, _off("mm_processor_kwargs", None, "text only")] = None
-    add_special_tokens: Annotated[bool, _off("add_special_tokens", True, "pairs always carry the model's special "
-                                                                         "tokens, as vLLM's cross-encoder pairs")] = True
+    add_special_tokens: Annotated[bool, _off("add_special_tokens", True, "pairs always carry the model's "
+                                             "special tokens, as vLLM's cross-encoder pairs")] = True
 
     def activation_on(self) -> bool:
         """vLLM's rule: use_activation, else its old names, else on."""

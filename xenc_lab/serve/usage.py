@@ -37,7 +37,8 @@ class TokenCounter:
         except BaseException as err:  # a Rust panic in the tokenizer: an error the server can answer
             raise RuntimeError(f"the tokenizer failed: {err!r}") from None
 
-    def submit(self, pairs: list[tuple[str, str]], max_length: int | None, truncation_side: str | None = None) -> Future:
+    def submit(self, pairs: list[tuple[str, str]], max_length: int | None,
+               truncation_side: str | None = None) -> Future:
         return self._pool.submit(self._count, pairs, max_length, truncation_side)
 
     def close(self) -> None:
