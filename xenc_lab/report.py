@@ -4,7 +4,6 @@ with their outputs."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shlex
 import subprocess
@@ -12,6 +11,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent  # a clone's root: parity_tests/ and notebooks/ live there
 PARTS = ("parity", "throughput", "decoder", "serving", "precision", "memory", "notebooks")
@@ -61,8 +62,12 @@ def _bench(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "xenc_lab.cli", "bench", *args], check=True)
 
 
+# The README's quoted runs: 256 pairs, 3 repeats, the compiled columns included.
+THROUGHPUT = ("--pairs", "256", "--repeats", "3", "--compile")
+
+
 def throughput(out: Path) -> None:
-    _bench("--memory", "--report", str(out))
+    _bench(*THROUGHPUT, "--memory", "--report", str(out))
 
 
 def decoder(out: Path) -> None:
@@ -77,7 +82,6 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
               model=None, variants: dict | None = None) -> Path:
     """reports/precision.md and precision.png: the docs collection's BM25 run reranked by ``model`` (default: the
     MiniLM-L6 cross-encoder) in fp32 and under each variant; what each changes in scores, rankings and metrics."""
-    from .bench.report import machine
     from .ir.pydocs import bm25_run, python_docs_collection
     from .ir.variants import STANDARD_VARIANTS, rerank_variants
     from .zoo import minilm_cross_encoder
@@ -104,7 +108,7 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
     text = "\n".join([
         "# Precision and rankings: does a setting change the ranking?",
         "",
-        f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
+        provenance(command),
         "",
         intro,
         "",
@@ -132,7 +136,6 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     against 1,000,000 pairs on a tiny random BERT with MiniLM's tokenizer (the engine's own memory, at the speed of
     tokenization), and 10,000 against 100,000 on the MiniLM-L6 cross-encoder."""
     from .bench.memory import stream_memory_mb
-    from .bench.report import machine
     from .zoo import minilm_cross_encoder
 
     sys.path.insert(0, str(_need(ROOT / "parity_tests").parent))
@@ -153,7 +156,7 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     (out / "memory.md").write_text("\n".join([
         "# Memory: a million pairs through predict",
         "",
-        f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
+        provenance(command),
         "",
         ("A fresh process per row scores a generator of short pairs (4,096 distinct pairs over and over, 10-20 "
          "tokens a side) with `Scorer.predict`, in fp32. `held` is its resident memory with the model loaded and "
@@ -188,14 +191,17 @@ def run_command(args: argparse.Namespace) -> int:
     parts = args.parts or list(PARTS)
     if unknown := [p for p in parts if p not in PARTS]:
         raise ValueError(f"unknown report part(s) {unknown}: choose from {', '.join(PARTS)}")
-    command = "xenc-lab " + shlex.join(args.argv)
+    # Each report names the command that regenerates it alone.
+    options = ([] if args.queries == 100 else ["--queries", str(args.queries)]) + (
+        [] if out.resolve() == (ROOT / "reports").resolve() else ["--out", str(out)])
+    command = lambda part: shlex.join(["xenc-lab", "report", part, *options])
     steps = {
         "parity": lambda: parity(out),
         "throughput": lambda: throughput(out),
         "decoder": lambda: decoder(out),
         "serving": lambda: serving(out),
-        "precision": lambda: print(f"wrote {precision(out, args.queries, command=command)}"),
-        "memory": lambda: print(f"wrote {memory(out, command=command)}"),
+        "precision": lambda: print(f"wrote {precision(out, args.queries, command=command('precision'))}"),
+        "memory": lambda: print(f"wrote {memory(out, command=command('memory'))}"),
         "notebooks": lambda: notebooks(out),
     }
     for part in parts:
