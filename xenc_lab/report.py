@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -173,16 +174,41 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     return out / "memory.md"
 
 
-def notebooks(out: Path) -> None:
-    """Each notebook executed top to bottom and saved in place with its outputs."""
+# A progress bar's output: a widget (tqdm.auto in a kernel) or its text, "name:  40%|####      | 2/5 [...]".
+WIDGET = "application/vnd.jupyter.widget-view+json"
+PROGRESS = re.compile(r"^[^\n]*\d+%\|[^\n]*\|[^\n]*\]\s*$", re.MULTILINE)
+
+
+def strip_progress_bars(nb) -> None:
+    """Drop the progress bars from a notebook's outputs: stored, they show a bar frozen at whatever it read last."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for output in cell.outputs:
+            data = output.get("data", {})
+            text = output.get("text", "") or data.get("text/plain", "")
+            if WIDGET in data or (text and not PROGRESS.sub("", text.replace("\r", "\n")).strip()):
+                continue
+            kept.append(output)
+        cell.outputs = kept
+    nb.metadata.pop("widgets", None)
+
+
+def notebooks(out: Path, names: list[str] | None = None) -> None:
+    """Each notebook (or those named) executed top to bottom and saved in place with its outputs, progress bars
+    left out."""
     import nbformat
     from nbclient import NotebookClient
 
     for path in sorted(_need(ROOT / "notebooks").glob("*.ipynb")):
+        if names and path.name not in names:
+            continue
         print(f"   {path.name}", flush=True)
         nb = nbformat.read(path, as_version=4)
         NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
                        ).execute()
+        strip_progress_bars(nb)
         nbformat.write(nb, path)
 
 
