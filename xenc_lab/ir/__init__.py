@@ -6,7 +6,7 @@ _HOMES = {
     "rerank": "reranking",
     "evaluate": "metrics", "significance": "metrics",
     "compare_rankings": "compare", "summarize_comparison": "compare", "score_frame": "frames",
-    "rerank_variants": "variants",
+    "rerank_variants": "variants", "experiment": "experiments", "format_table": "experiments",
     "read_run": "files", "read_qrels": "files", "read_queries": "files", "read_corpus": "files", "write_run": "files",
 }
 __all__ = list(_HOMES)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from .files import check_tag, format_run_lines, read_corpus, read_queries, read_run
+from .files import check_tag, format_run_lines, read_corpus, read_queries, read_run, texts_of_run
 
 WINDOW = 4096  # pairs scored per engine call: bounds the texts and scores in flight, not the run's size
 
@@ -154,6 +154,8 @@ def rerank(
     if resume and output is None:
         raise ValueError("resume=True needs an output file to continue")
 
+    if queries is None or corpus is None:
+        queries, corpus = texts_of_run(run, queries, corpus)
     run = read_run(run)
     head_of = lambda docnos: docnos if depth is None else docnos[:depth]
     wanted = {d for docnos in first_stage_order(run).values() for d in head_of(docnos)}
