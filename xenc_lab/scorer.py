@@ -397,3 +397,10 @@ class Scorer:
         from .ir.frames import score_frame
 
         return score_frame(self, df, text_1, text_2, column, overwrite=overwrite, **predict_kwargs)
+
+    def as_pyterrier(self, text_field: str = "text", **predict_kwargs):
+        """This Scorer as a PyTerrier reranking transformer (needs python-terrier: ``pip install
+        'xenc-lab[pyterrier]'``): it scores a results frame's (query, ``text_field``) rows (``ir/pyterrier.py``)."""
+        from .ir.pyterrier import as_pyterrier
+
+        return as_pyterrier(self, text_field, **predict_kwargs)

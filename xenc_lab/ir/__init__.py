@@ -4,7 +4,7 @@ import importlib
 
 _HOMES = {
     "experiment": "experiments", "format_table": "experiments",
-    "rerank": "reranking", "rerank_variants": "variants",
+    "rerank": "reranking", "rerank_variants": "variants", "bm25": "first_stage", "load_collection": "irds",
     "evaluate": "metrics", "significance": "metrics",
     "rrf": "fusion", "interpolate": "fusion", "tune_interpolation": "fusion",
     "compare_rankings": "compare", "summarize_comparison": "compare", "score_frame": "frames",

@@ -9,22 +9,11 @@ import warnings
 import numpy as np
 
 from .files import read_qrels, read_queries
-from .metrics import DEFAULT_MEASURES, _ir_measures, _per_query, _to_ir, parse_measures
+from .metrics import DEFAULT_MEASURES, _ir_measures, _per_query, _to_ir, drop_identical_ids, parse_measures
 from .paired import check_correction, check_test, corrected, paired_pvalue
 from .systems import DEFAULT_DEPTH, named_systems, run_systems
 
 MISSING_RULES = ("zero", "drop")
-
-
-def drop_identical_ids(run_ir, what: str = "a run"):
-    """BEIR's ``ignore_identical_ids``: the run without results whose document id equals the query id, with a
-    warning giving how many there were."""
-    same = run_ir["query_id"].to_numpy() == run_ir["doc_id"].to_numpy()
-    if same.any():
-        warnings.warn(f"{what}: dropped {int(same.sum())} results whose docno equals the qid (BEIR's "
-                      "ignore_identical_ids; pass ignore_identical_ids=False to keep them)", stacklevel=3)
-        return run_ir[~same]
-    return run_ir
 
 
 def check_missing(missing) -> str:
