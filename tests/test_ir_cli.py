@@ -6,14 +6,15 @@ import pytest
 
 from xenc_lab.cli import main
 from xenc_lab.ir import read_run
-from xenc_lab.ir.pydocs import bm25_run, python_docs_collection
+from xenc_lab import bm25
+from xenc_lab.ir.pydocs import python_docs_collection
 
 
 @pytest.fixture(scope="module")
 def beir(tmp_path_factory):
     root = tmp_path_factory.mktemp("beir")
     paths = python_docs_collection(root, max_chars=200, max_queries=12)
-    run = bm25_run(paths["queries"], paths["corpus"], k=15)
+    run = bm25(paths["queries"], paths["corpus"], k=15)
     with open(root / "bm25.trec", "w") as f:
         for row in run.itertuples():
             f.write(f"{row.qid} Q0 {row.docno} {row.rank} {row.score!r} bm25\n")

@@ -3,7 +3,8 @@ baseline on the same pairs; the baseline compared with itself shows no change.""
 import pytest
 
 from xenc_lab.cli import main
-from xenc_lab.ir.pydocs import bm25_run, python_docs_collection
+from xenc_lab import bm25
+from xenc_lab.ir.pydocs import python_docs_collection
 from xenc_lab.ir.variants import rerank_variants
 from xenc_lab.report import precision
 
@@ -13,7 +14,7 @@ VARIANTS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "short": {"max_length": 2
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory, tiny_dir):
     paths = python_docs_collection(tmp_path_factory.mktemp("pydocs"), max_chars=200, max_queries=10)
-    run = bm25_run(paths["queries"], paths["corpus"], k=12)
+    run = bm25(paths["queries"], paths["corpus"], k=12)
     result = rerank_variants(tiny_dir, paths["queries"], paths["corpus"], run, VARIANTS, depth=8,
                              scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
     return paths, run, result

@@ -43,6 +43,9 @@ def add_parser(sub, positive_int) -> None:
                    help="score on this Ray cluster ('auto', 'local' or ray://host:port) with a pool of Scorer actors")
     p.add_argument("--concurrency", type=positive_int, default=1, help="Scorer actors with --ray-address (default 1)")
     p.set_defaults(func=run_command)
+    from .evaluate_command import add_parser as add_evaluate
+
+    add_evaluate(sub)
 
 
 def _beir_paths(args) -> None:
