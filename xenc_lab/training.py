@@ -28,11 +28,12 @@ class TrainingSettings:
     split_seed: int = 0  # seeds the hash that puts a query on one side of the split
     negatives: int = 3  # BM25 hard negatives per group
     negative_pool: int = 20  # drawn from the top of BM25's ranking of the training documents, positive left out
-    groups_per_query: int = 2  # distinct groups (positive + negatives) per training query
-    max_length: int = 128  # tokens of a pair, in training and in the saved tokenizer
+    groups_per_query: int = 1  # distinct groups (positive + negatives) per training query
+    max_length: int = 64  # tokens of a pair in training (a docstring's first sentences)
     epochs: int = 1
     batch_size: int = 8  # groups per step
-    learning_rate: float = 5e-5
+    learning_rate: float = 1e-4
+    head_std: float = 0.02  # the classification head starts afresh (the base's wide demo head would saturate the loss)
     warmup_ratio: float = 0.1  # share of the steps over which the learning rate rises
     seed: int = 12
     base_seed: int = 1234  # the seed of the base cross-encoder's (untrained) head
@@ -119,7 +120,12 @@ def train(examples: list[dict[str, str]], base: Path, out: Path, settings: Train
     from sentence_transformers.cross_encoder import (CrossEncoder, CrossEncoderTrainer,
                                                      CrossEncoderTrainingArguments, losses)
 
+    import torch
+
     model = CrossEncoder(str(base), device="cpu", max_length=settings.max_length)
+    torch.manual_seed(settings.seed)
+    torch.nn.init.normal_(model.model.classifier.weight, std=settings.head_std)
+    torch.nn.init.zeros_(model.model.classifier.bias)
     loss = losses.LambdaLoss(model)
     with tempfile.TemporaryDirectory() as scratch:
         args = CrossEncoderTrainingArguments(
@@ -165,13 +171,13 @@ def heldout_runs(model, folder: str | os.PathLike, depth: int = 20, settings: Tr
     evaluation query, and that run with each query's top ``depth`` reranked by ``model`` (a Scorer or a path).
     Returns (paths, bm25 run, reranked run); evaluate both against ``paths["test"]``."""
     from .ir.files import read_qrels
-    from .ir.pydocs import bm25_run
+    from .ir.first_stage import bm25
     from .ir.reranking import rerank
     from .scorer import Scorer
 
     paths = pydocs_split(folder, settings)
     held_out = set(read_qrels(paths["test"])["qid"])
-    run = bm25_run(paths["queries"], paths["corpus"], k=100)
+    run = bm25(paths["queries"], paths["corpus"], k=100)
     run = run[run["qid"].isin(held_out)].reset_index(drop=True)
     scorer = model if hasattr(model, "predict") else Scorer(model)
     reranked = rerank(scorer, paths["queries"], paths["corpus"], run, depth=depth, show_progress_bar=show_progress_bar)
