@@ -35,7 +35,7 @@ def compare_rankings(run_a, run_b, k: int = 10):
     - ``kendall_tau``: Kendall's tau-b between the two runs' positions of the shared candidates (NaN below 2);
     - ``overlap@k``: |top k of a ∩ top k of b| / min(k, len a, len b), so 1 when the shorter top-k list lies inside
       the other, 0 when they share nothing;
-    - ``identical@k``: both top-k lists hold the same documents in the same order (before 0.2: ``same_top_k``);
+    - ``identical@k``: both top-k lists hold the same documents in the same order (formerly ``same_top_k``);
     - ``mean_shift@k``, ``max_shift@k``: |position in b - position in a| over a's top k, a document absent from b
       counting as placed just past b's list (position len b + 1).
 
