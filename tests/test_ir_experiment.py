@@ -69,7 +69,7 @@ def test_means_tests_counts_and_holm_equal_an_independent_computation(held_out):
     assert list(table["name"]) == list(runs)
     cols = ["name", *NAMES]
     for m in NAMES:
-        cols += [f"{m} +", f"{m} -", f"{m} p-value", f"{m} p-value corrected", f"{m} reject"]
+        cols += [f"{m} +", f"{m} -", f"{m} p-value", f"{m} reject", f"{m} p-value corrected"]
     assert list(table.columns) == cols
     table = table.set_index("name")
     base_pq = per_query(runs["base"], qrels)
@@ -95,6 +95,24 @@ def test_means_tests_counts_and_holm_equal_an_independent_computation(held_out):
         assert base_row.isna().all() and pd.isna(table.loc["base", f"{m} reject"])
     # the data are not all of one kind: some improvement is significant, the near-copy is not
     assert table.loc["much better", "nDCG@10 reject"] and not table.loc["other", "nDCG@10 reject"]
+
+
+def test_the_table_is_pt_experiments_on_the_same_runs(held_out):
+    pt = pytest.importorskip("pyterrier")
+    runs, qrels = held_out
+    topics = pd.DataFrame({"qid": sorted(set(qrels["qid"])), "query": "unused"})
+    theirs = pt.Experiment([pt.Transformer.from_df(r.assign(query="unused")) for r in runs.values()], topics,
+                           qrels.rename(columns={"relevance": "label"}), [MEASURES[0], MEASURES[1]],
+                           names=list(runs), baseline=0, correction="holm")
+    ours = experiment(runs, topics, qrels, NAMES[:2], baseline="base")
+    assert sorted(ours.columns) == sorted(theirs.columns)
+    theirs = theirs.set_index("name").loc[list(runs)]
+    for column in ours.columns[1:]:
+        got, want = ours[column].to_numpy(), theirs[column].to_numpy()
+        if column.endswith("reject"):  # pt.Experiment writes False on the baseline's row, experiment NA
+            assert list(got[1:]) == list(want[1:]) and pd.isna(got[0])
+        else:
+            np.testing.assert_allclose(got.astype(float), want.astype(float), rtol=1e-10, err_msg=column)
 
 
 def test_randomization_test_bonferroni_and_baseline_by_index(held_out):

@@ -27,9 +27,14 @@ def test_the_baseline_against_itself_shows_no_change_and_the_variants_some(exper
     assert deltas.loc["bf16", "max |delta|"] > 0 and deltas.loc["short", "max |delta|"] > 0
     assert (deltas["pairs"] == deltas.loc["fp32", "pairs"]).all() and deltas.loc["fp32", "pairs"] > 40
     ranks = result.rankings(k=5)
-    assert ranks.loc["fp32", "share_same_top_5"] == 1 and ranks.loc["fp32", "max_shift@5"] == 0
-    metrics = result.metrics(paths["qrels"], ("nDCG@10",), trials=200)
-    assert metrics.loc[("fp32", "nDCG@10"), "delta"] == 0 and metrics.loc[("fp32", "nDCG@10"), "perm_p"] == 1
+    assert ranks.loc["fp32", "share_identical@5"] == 1 and ranks.loc["fp32", "max_shift@5"] == 0
+    metrics = result.metrics(paths["qrels"], ("nDCG@10",), test="randomization", trials=200).set_index("name")
+    assert list(metrics.columns[:2]) == ["nDCG@10", "mrt"] and (metrics["mrt"] > 0).all()
+    assert metrics["nDCG@10 p-value"].isna()["fp32"] and metrics.loc["bf16", "nDCG@10 p-value"] <= 1
+    from xenc_lab import experiment
+
+    want = experiment(result.runs, None, paths["qrels"], ["nDCG@10"], baseline="fp32").set_index("name")
+    assert metrics["nDCG@10"].equals(want["nDCG@10"])
 
 
 def test_score_deltas_are_those_of_the_runs_on_the_same_pairs(experiment):

@@ -83,14 +83,15 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
               model=None, variants: dict | None = None) -> Path:
     """reports/precision.md and precision.png: the docs collection's BM25 run reranked by ``model`` (default: the
     MiniLM-L6 cross-encoder) in fp32 and under each variant; what each changes in scores, rankings and metrics."""
-    from .ir.pydocs import bm25_run, python_docs_collection
+    from .ir.first_stage import bm25
+    from .ir.pydocs import python_docs_collection
     from .ir.variants import STANDARD_VARIANTS, rerank_variants
     from .zoo import minilm_cross_encoder
 
     variants = dict(STANDARD_VARIANTS if variants is None else variants)  # bf16 runs on any CPU: its numbers matter
     with tempfile.TemporaryDirectory() as tmp:
         paths = python_docs_collection(tmp, max_chars=1000, max_queries=queries)
-        run = bm25_run(paths["queries"], paths["corpus"], k=100)
+        run = bm25(paths["queries"], paths["corpus"], k=100)
         result = rerank_variants(model or minilm_cross_encoder(), paths["queries"], paths["corpus"], run, variants,
                                  depth=depth, scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
         deltas, ranks = result.score_deltas(), result.rankings(k=10)
@@ -121,7 +122,7 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
         "",
         fmt(ranks),
         "",
-        f"## Metrics: value, change from {base}, paired t-test and randomization test p-values",
+        f"## Metrics against {base}: queries improved (+) and degraded (-), paired t-test, Holm's correction",
         "",
         fmt(metrics),
         "",

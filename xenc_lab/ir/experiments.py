@@ -46,7 +46,8 @@ def experiment(systems, queries, qrels, measures=DEFAULT_MEASURES, *, baseline=N
     ``{m} +`` / ``{m} -`` (queries the system improves / degrades against the baseline), ``{m} p-value`` (paired
     ``test``: ``"t"`` for scipy's ``ttest_rel``, ``"randomization"``, ``"wilcoxon"`` or a function), and with
     ``correction`` (a statsmodels ``multipletests`` method, over the non-baseline systems of each measure)
-    ``{m} p-value corrected`` and ``{m} reject`` (at ``alpha``); all NaN on the baseline's row.
+    ``{m} reject`` (at ``alpha``) and ``{m} p-value corrected``, in pt.Experiment's order; all NaN on the
+    baseline's row.
 
     ``systems``: a mapping name -> system or a list (``names``): a run (TREC file or DataFrame with qid, docno,
     score; PyTerrier's results frames), or a reranker (a ``Scorer``, anything with ``predict``, a model directory)
@@ -142,8 +143,8 @@ def _compare(table, per_query, base, measures, test, correction, alpha, trials, 
         if correction is not None:
             reject, adjusted = corrected([p[n] for n in others], correction, alpha)
             rej, adj = dict(zip(others, reject)), dict(zip(others, adjusted))
-            out[f"{m} p-value corrected"] = [adj.get(n, np.nan) for n in names]
             out[f"{m} reject"] = pd.array([bool(rej[n]) if n in rej else pd.NA for n in names], dtype="boolean")
+            out[f"{m} p-value corrected"] = [adj.get(n, np.nan) for n in names]
     return out
 
 

@@ -127,7 +127,7 @@ def significance(run_a, run_b, qrels, measures=DEFAULT_MEASURES, trials: int = 1
     ``scipy.stats.permutation_test`` on the mean difference, ``trials`` resamples, ``seed``) and n_queries (the
     queries paired). ``missing`` and ``ignore_identical_ids`` as in ``experiment``: by default a judged query a run
     lacks scores 0; ``missing="drop"`` pairs the queries both hold. Where every per-query difference is zero the
-    p-values are 1.0 (scipy's t-test would give nan); with fewer than 2 queries nan. (Before 0.2 the p-values were
+    p-values are 1.0 (scipy's t-test would give nan); with fewer than 2 queries nan. (The p-values were formerly
     named t_p and perm_p.)"""
     import pandas as pd
 

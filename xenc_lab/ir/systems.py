@@ -85,7 +85,7 @@ def kind_of(name: str, system) -> str:
                     f"reranker (a Scorer, anything with predict(), or a model directory), got {type(system).__name__}")
 
 
-def run_systems(systems: dict, *, queries, corpus, first_stage, depth, cache, show_progress_bar,
+def run_systems(systems: dict, *, queries, corpus, first_stage, depth, cache=None, show_progress_bar=True,
                 **rerank_kwargs) -> dict[str, SystemRun]:
     """Each system's run: given runs are read, rerankers rerank ``first_stage`` (a run or another system's name)."""
     from .reranking import rerank
