@@ -40,7 +40,7 @@ SHOWS = {
         ("queries.merge(qrels", TABLE),  # its queries and their one relevant document
         ('write_run(run, folder / "bm25.trec"', TABLE),  # the BM25 first stage
         ("reranked = rerank(", TABLE),  # the reranked run
-        ("metrics = pd.DataFrame(", TABLE),  # first stage vs reranked
+        ("table = experiment(", TABLE),  # first stage vs reranked, pt.Experiment's table
         ("tests = significance(", TABLE),  # paired t-test and randomization test
         ("per_query = pd.concat(", TABLE),  # the queries that moved most
         ("summarize_comparison(head)", TABLE),  # how much the rankings differ

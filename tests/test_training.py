@@ -87,4 +87,4 @@ def test_trained_reranker_beats_bm25_on_the_held_out_queries(tmp_path):
     row = tests.loc["nDCG@10"]
     print(tests.to_string())
     assert row["n_queries"] == len(read_qrels(paths["test"]))
-    assert row["delta"] > 0 and row["t_p"] < 0.01 and row["perm_p"] < 0.01, tests
+    assert row["delta"] > 0 and row["p-value"] < 0.01 and row["p-value (randomization)"] < 0.01, tests
