@@ -1,9 +1,15 @@
-"""Every notebook runs top to bottom and shows the figures and tables it is there for, so none can rot."""
+"""Every notebook runs top to bottom and shows the figures and tables it is there for, so none can rot; and what its
+text states is true of its outputs. Each number or comparison a notebook's markdown states about its results is
+asserted in the code cell that computes it, so a run whose outputs contradict the text fails here. The stored outputs
+are a complete run (``xenc-lab report notebooks``) with no frozen progress bars and a plain-text rendering of every
+table."""
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from xenc_lab.report import PROGRESS, WIDGET
 
 HERE = Path(__file__).parent
 NOTEBOOKS = sorted(HERE.glob("*.ipynb"))
@@ -34,7 +40,7 @@ SHOWS = {
         ("queries.merge(qrels", TABLE),  # its queries and their one relevant document
         ('write_run(run, folder / "bm25.trec"', TABLE),  # the BM25 first stage
         ("reranked = rerank(", TABLE),  # the reranked run
-        ("metrics = pd.DataFrame(", TABLE),  # first stage vs reranked
+        ("table = experiment(", TABLE),  # first stage vs reranked, pt.Experiment's table
         ("tests = significance(", TABLE),  # paired t-test and randomization test
         ("per_query = pd.concat(", TABLE),  # the queries that moved most
         ("summarize_comparison(head)", TABLE),  # how much the rankings differ
@@ -82,6 +88,25 @@ def check_executed(nb, name: str) -> None:
         assert outputs and all(o["data"][mime] for o in outputs), f"{name}: the cell with {text!r} shows no {mime}"
     assert shown and shown[-1] == len(code) - 1 - TRAILING_TEXT_CELLS[name], (
         f"{name}: its last figure or table is in code cell {shown[-1] + 1 if shown else None} of {len(code)}")
+
+
+@pytest.mark.parametrize("name", sorted(SHOWS))
+def test_stored_outputs_are_a_complete_run_with_every_figure_and_table(name):
+    check_executed(nbformat.read(HERE / name, as_version=4), name)
+
+
+@pytest.mark.parametrize("name", sorted(SHOWS))
+def test_stored_outputs_hold_no_progress_bar_and_every_table_reads_as_text(name):
+    nb = nbformat.read(HERE / name, as_version=4)
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        for output in cell.outputs:
+            data = output.get("data", {})
+            text = output.get("text", "") or data.get("text/plain", "")
+            assert WIDGET not in data, f"{name}, code cell {i + 1}: a progress-bar widget is stored"
+            assert not PROGRESS.search(text.replace("\r", "\n")), f"{name}, code cell {i + 1}: a progress bar is stored"
+            # A pandas Styler shows only in HTML; its text/plain is its repr, which says nothing outside a browser.
+            assert not text.startswith("<pandas.io.formats.style.Styler"), (
+                f"{name}, code cell {i + 1}: a styled table with no plain-text rendering")
 
 
 @pytest.mark.parametrize("name", sorted(SHOWS))

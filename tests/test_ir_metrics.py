@@ -124,9 +124,10 @@ def test_identical_runs_have_delta_zero_and_p_one():
     run, qrels = random_run(), random_qrels()
     table = significance(run, run, qrels, MEASURES, trials=2000)
     assert list(table.index) == ["nDCG@10", "RR@10", "R@100"]
-    assert list(table.columns) == ["mean_a", "mean_b", "delta", "t_p", "perm_p", "n_queries"]
-    assert (table["delta"] == 0).all()
-    assert (table["t_p"] == 1.0).all() and (table["perm_p"] == 1.0).all()
+    assert list(table.columns) == ["mean_a", "mean_b", "delta", "+", "-", "p-value", "p-value (randomization)",
+                                   "n_queries"]
+    assert (table["delta"] == 0).all() and (table["+"] == 0).all() and (table["-"] == 0).all()
+    assert (table["p-value"] == 1.0).all() and (table["p-value (randomization)"] == 1.0).all()
     assert (table["n_queries"] == 8).all()
 
 
@@ -145,7 +146,7 @@ def test_clearly_better_run_gets_small_p_values_and_positive_delta():
     print(table.to_string())
     for name in ["nDCG@10", "RR@10"]:
         assert table.loc[name, "delta"] > 0.2
-        assert table.loc[name, "t_p"] < 1e-3 and table.loc[name, "perm_p"] < 1e-3
+        assert table.loc[name, "p-value"] < 1e-3 and table.loc[name, "p-value (randomization)"] < 1e-3
     swapped = significance(better, worse, qrels, MEASURES, trials=5000)
     assert swapped.loc["nDCG@10", "delta"] == pytest.approx(-table.loc["nDCG@10", "delta"])
 
@@ -163,27 +164,29 @@ def test_p_values_agree_with_scipy_on_per_query_values():
         perm_p = stats.permutation_test((b, a), lambda x, y, axis: np.mean(x - y, axis=axis),
                                         permutation_type="samples", vectorized=True, n_resamples=3000,
                                         rng=7).pvalue
-        print(name, table.loc[name, "t_p"], t_p, table.loc[name, "perm_p"], perm_p)
-        assert table.loc[name, "t_p"] == pytest.approx(t_p, rel=1e-12)
-        assert table.loc[name, "perm_p"] == pytest.approx(perm_p, rel=1e-12)
+        assert table.loc[name, "p-value"] == pytest.approx(t_p, rel=1e-12)
+        assert table.loc[name, "p-value (randomization)"] == pytest.approx(perm_p, rel=1e-12)
+        assert table.loc[name, "+"] == (b > a).sum() and table.loc[name, "-"] == (b < a).sum()
         assert table.loc[name, "delta"] == pytest.approx(b.mean() - a.mean(), abs=1e-12)
-    assert 0.001 < table.loc["nDCG@10", "t_p"] < 1  # not a degenerate case
+    assert 0.001 < table.loc["nDCG@10", "p-value"] < 1  # not a degenerate case
 
 
-def test_different_query_sets_use_the_intersection_with_a_warning():
+def test_a_query_a_run_lacks_scores_zero_or_with_drop_the_intersection_is_tested():
     run, qrels = random_run(n_queries=8), random_qrels(n_queries=8)
     part = run[run["qid"].isin(["q0", "q1", "q2", "q3", "q4"])]
-    with pytest.warns(UserWarning, match=r"run a 8, run b 5.*the 5 both"):
+    with pytest.warns(UserWarning, match=r"no results for 3 of the 8 judged queries; they score 0"):
         table = significance(run, part, qrels, MEASURES, trials=500)
-    assert (table["n_queries"] == 5).all()
-    assert (table["delta"] == 0).all()
+    assert (table["n_queries"] == 8).all() and (table["delta"] <= 0).all()
+    with pytest.warns(UserWarning, match=r"no results for 3 of the 8 judged queries; they are left out"):
+        table = significance(run, part, qrels, MEASURES, trials=500, missing="drop")
+    assert (table["n_queries"] == 5).all() and (table["+"] == 0).all() and (table["-"] == 0).all()
 
 
 def test_runs_with_no_shared_query_are_an_error():
     run, qrels = random_run(n_queries=8), random_qrels(n_queries=8)
     first, last = run[run["qid"] < "q4"], run[run["qid"] >= "q4"]
-    with pytest.raises(ValueError, match="share no judged query"):
-        significance(first, last, qrels, MEASURES)
+    with pytest.raises(ValueError, match="share no judged query"), pytest.warns(UserWarning):
+        significance(first, last, qrels, MEASURES, missing="drop")
     with pytest.raises(ValueError, match="trials must be positive, got 0"):
         significance(run, run, qrels, MEASURES, trials=0)
     with pytest.raises(TypeError, match="trials must be an int, got float"):

@@ -179,8 +179,13 @@ def test_bad_arguments_are_refused_before_any_scoring(kwargs, error, match):
 def test_a_multi_label_model_or_an_object_without_predict_is_refused(scorer3):
     with pytest.raises(ValueError, match="rerank needs a one-label model .* 3 labels"):
         rerank(scorer3, QUERIES, CORPUS, first_stage())
-    with pytest.raises(TypeError, match="scorer must have a predict\\(\\) method"):
-        rerank("model-name", QUERIES, CORPUS, first_stage())
+    with pytest.raises(TypeError, match="scorer must be a Scorer, a model path or have a predict\\(\\) method"):
+        rerank(42, QUERIES, CORPUS, first_stage())
+
+
+def test_a_model_path_reranks_as_its_scorer_does(tiny_dir, scorer):
+    by_path = rerank(tiny_dir, QUERIES, CORPUS, first_stage(), depth=3, show_progress_bar=False)
+    assert by_path.equals(rerank(scorer, QUERIES, CORPUS, first_stage(), depth=3, show_progress_bar=False))
 
 
 def test_a_decoder_reranker_shares_each_querys_prefix_across_its_candidates(tmp_path_factory):

@@ -3,7 +3,8 @@ baseline on the same pairs; the baseline compared with itself shows no change.""
 import pytest
 
 from xenc_lab.cli import main
-from xenc_lab.ir.pydocs import bm25_run, python_docs_collection
+from xenc_lab import bm25
+from xenc_lab.ir.pydocs import python_docs_collection
 from xenc_lab.ir.variants import rerank_variants
 from xenc_lab.report import precision
 
@@ -13,7 +14,7 @@ VARIANTS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "short": {"max_length": 2
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory, tiny_dir):
     paths = python_docs_collection(tmp_path_factory.mktemp("pydocs"), max_chars=200, max_queries=10)
-    run = bm25_run(paths["queries"], paths["corpus"], k=12)
+    run = bm25(paths["queries"], paths["corpus"], k=12)
     result = rerank_variants(tiny_dir, paths["queries"], paths["corpus"], run, VARIANTS, depth=8,
                              scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
     return paths, run, result
@@ -26,9 +27,14 @@ def test_the_baseline_against_itself_shows_no_change_and_the_variants_some(exper
     assert deltas.loc["bf16", "max |delta|"] > 0 and deltas.loc["short", "max |delta|"] > 0
     assert (deltas["pairs"] == deltas.loc["fp32", "pairs"]).all() and deltas.loc["fp32", "pairs"] > 40
     ranks = result.rankings(k=5)
-    assert ranks.loc["fp32", "share_same_top_5"] == 1 and ranks.loc["fp32", "max_shift@5"] == 0
-    metrics = result.metrics(paths["qrels"], ("nDCG@10",), trials=200)
-    assert metrics.loc[("fp32", "nDCG@10"), "delta"] == 0 and metrics.loc[("fp32", "nDCG@10"), "perm_p"] == 1
+    assert ranks.loc["fp32", "share_identical@5"] == 1 and ranks.loc["fp32", "max_shift@5"] == 0
+    metrics = result.metrics(paths["qrels"], ("nDCG@10",), test="randomization", trials=200).set_index("name")
+    assert list(metrics.columns[:2]) == ["nDCG@10", "mrt"] and (metrics["mrt"] > 0).all()
+    assert metrics["nDCG@10 p-value"].isna()["fp32"] and metrics.loc["bf16", "nDCG@10 p-value"] <= 1
+    from xenc_lab import experiment
+
+    want = experiment(result.runs, None, paths["qrels"], ["nDCG@10"], baseline="fp32").set_index("name")
+    assert metrics["nDCG@10"].equals(want["nDCG@10"])
 
 
 def test_score_deltas_are_those_of_the_runs_on_the_same_pairs(experiment):

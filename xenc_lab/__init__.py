@@ -2,7 +2,8 @@
 from .config import ScorerConfig
 from .scorer import Scorer
 
-_EXPERIMENTS = ["rerank", "evaluate", "significance", "compare_rankings", "summarize_comparison", "rerank_variants",
+_EXPERIMENTS = ["experiment", "format_table", "rerank", "rerank_variants", "evaluate", "significance", "bm25",
+                "load_collection", "rrf", "interpolate", "tune_interpolation", "compare_rankings", "summarize_comparison",
                 "read_run", "read_qrels", "read_queries", "read_corpus", "write_run"]
 __all__ = ["Scorer", "ScorerConfig", *_EXPERIMENTS]
 __version__ = "0.1.0"

@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     from .serve.command import add_parser as add_serve
 
     add_serve(sub, _positive_int)
+    from .score_cache import add_parser as add_cache
+
+    add_cache(sub)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv

@@ -4,14 +4,16 @@ with their outputs."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent  # a clone's root: parity_tests/ and notebooks/ live there
 PARTS = ("parity", "throughput", "decoder", "serving", "precision", "memory", "notebooks")
@@ -61,8 +63,12 @@ def _bench(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "xenc_lab.cli", "bench", *args], check=True)
 
 
+# The README's quoted runs: 256 pairs, 3 repeats, the compiled columns included.
+THROUGHPUT = ("--pairs", "256", "--repeats", "3", "--compile")
+
+
 def throughput(out: Path) -> None:
-    _bench("--memory", "--report", str(out))
+    _bench(*THROUGHPUT, "--memory", "--report", str(out))
 
 
 def decoder(out: Path) -> None:
@@ -77,15 +83,15 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
               model=None, variants: dict | None = None) -> Path:
     """reports/precision.md and precision.png: the docs collection's BM25 run reranked by ``model`` (default: the
     MiniLM-L6 cross-encoder) in fp32 and under each variant; what each changes in scores, rankings and metrics."""
-    from .bench.report import machine
-    from .ir.pydocs import bm25_run, python_docs_collection
+    from .ir.first_stage import bm25
+    from .ir.pydocs import python_docs_collection
     from .ir.variants import STANDARD_VARIANTS, rerank_variants
     from .zoo import minilm_cross_encoder
 
     variants = dict(STANDARD_VARIANTS if variants is None else variants)  # bf16 runs on any CPU: its numbers matter
     with tempfile.TemporaryDirectory() as tmp:
         paths = python_docs_collection(tmp, max_chars=1000, max_queries=queries)
-        run = bm25_run(paths["queries"], paths["corpus"], k=100)
+        run = bm25(paths["queries"], paths["corpus"], k=100)
         result = rerank_variants(model or minilm_cross_encoder(), paths["queries"], paths["corpus"], run, variants,
                                  depth=depth, scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
         deltas, ranks = result.score_deltas(), result.rankings(k=10)
@@ -104,7 +110,7 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
     text = "\n".join([
         "# Precision and rankings: does a setting change the ranking?",
         "",
-        f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
+        provenance(command),
         "",
         intro,
         "",
@@ -116,7 +122,7 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
         "",
         fmt(ranks),
         "",
-        f"## Metrics: value, change from {base}, paired t-test and randomization test p-values",
+        f"## Metrics against {base}: queries improved (+) and degraded (-), paired t-test, Holm's correction",
         "",
         fmt(metrics),
         "",
@@ -132,7 +138,6 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     against 1,000,000 pairs on a tiny random BERT with MiniLM's tokenizer (the engine's own memory, at the speed of
     tokenization), and 10,000 against 100,000 on the MiniLM-L6 cross-encoder."""
     from .bench.memory import stream_memory_mb
-    from .bench.report import machine
     from .zoo import minilm_cross_encoder
 
     sys.path.insert(0, str(_need(ROOT / "parity_tests").parent))
@@ -153,7 +158,7 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     (out / "memory.md").write_text("\n".join([
         "# Memory: a million pairs through predict",
         "",
-        f"Machine: {machine()}. Written {datetime.date.today()} by `{command}`.",
+        provenance(command),
         "",
         ("A fresh process per row scores a generator of short pairs (4,096 distinct pairs over and over, 10-20 "
          "tokens a side) with `Scorer.predict`, in fp32. `held` is its resident memory with the model loaded and "
@@ -170,16 +175,41 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     return out / "memory.md"
 
 
-def notebooks(out: Path) -> None:
-    """Each notebook executed top to bottom and saved in place with its outputs."""
+# A progress bar's output: a widget (tqdm.auto in a kernel) or its text, "name:  40%|####      | 2/5 [...]".
+WIDGET = "application/vnd.jupyter.widget-view+json"
+PROGRESS = re.compile(r"^[^\n]*\d+%\|[^\n]*\|[^\n]*\]\s*$", re.MULTILINE)
+
+
+def strip_progress_bars(nb) -> None:
+    """Drop the progress bars from a notebook's outputs: stored, they show a bar frozen at whatever it read last."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for output in cell.outputs:
+            data = output.get("data", {})
+            text = output.get("text", "") or data.get("text/plain", "")
+            if WIDGET in data or (text and not PROGRESS.sub("", text.replace("\r", "\n")).strip()):
+                continue
+            kept.append(output)
+        cell.outputs = kept
+    nb.metadata.pop("widgets", None)
+
+
+def notebooks(out: Path, names: list[str] | None = None) -> None:
+    """Each notebook (or those named) executed top to bottom and saved in place with its outputs, progress bars
+    left out."""
     import nbformat
     from nbclient import NotebookClient
 
     for path in sorted(_need(ROOT / "notebooks").glob("*.ipynb")):
+        if names and path.name not in names:
+            continue
         print(f"   {path.name}", flush=True)
         nb = nbformat.read(path, as_version=4)
         NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
                        ).execute()
+        strip_progress_bars(nb)
         nbformat.write(nb, path)
 
 
@@ -188,14 +218,17 @@ def run_command(args: argparse.Namespace) -> int:
     parts = args.parts or list(PARTS)
     if unknown := [p for p in parts if p not in PARTS]:
         raise ValueError(f"unknown report part(s) {unknown}: choose from {', '.join(PARTS)}")
-    command = "xenc-lab " + shlex.join(args.argv)
+    # Each report names the command that regenerates it alone.
+    options = ([] if args.queries == 100 else ["--queries", str(args.queries)]) + (
+        [] if out.resolve() == (ROOT / "reports").resolve() else ["--out", str(out)])
+    command = lambda part: shlex.join(["xenc-lab", "report", part, *options])
     steps = {
         "parity": lambda: parity(out),
         "throughput": lambda: throughput(out),
         "decoder": lambda: decoder(out),
         "serving": lambda: serving(out),
-        "precision": lambda: print(f"wrote {precision(out, args.queries, command=command)}"),
-        "memory": lambda: print(f"wrote {memory(out, command=command)}"),
+        "precision": lambda: print(f"wrote {precision(out, args.queries, command=command('precision'))}"),
+        "memory": lambda: print(f"wrote {memory(out, command=command('memory'))}"),
         "notebooks": lambda: notebooks(out),
     }
     for part in parts:

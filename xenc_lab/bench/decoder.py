@@ -10,7 +10,6 @@ so that its words are mostly single tokens as in a real vocabulary.
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from ..config import whole_number
+from ..provenance import provenance
 from .timing import _check_run, cpu_has_fast_bf16
 from .workloads import make_pairs
 
@@ -321,7 +321,7 @@ def report_section(rows: list[DecoderRow], command: str, machine: str, notes: st
     bf16 = any(r.dtype != "float32" for r in rows)
     lines = [
         "## Decoder rerankers", "",
-        f"Machine: {machine}. {datetime.date.today().isoformat()}. Regenerate with `{command}`.", "",
+        provenance(command, machine), "",
         "One query and N MS MARCO-like passages (`make_pairs(\"short\")` texts) through Qwen3-Reranker's template "
         "(system judging prompt, `<Instruct>`/`<Query>`/`<Document>`, the assistant's empty `<think>` block), scored "
         "by logit(\"yes\") - logit(\"no\") at the last token. Random-weight `Qwen3ForCausalLM` checkpoints built "

@@ -12,6 +12,7 @@ import torch
 
 from ..cpu.info import cpu_info
 from ..cpu.kernels import widened_gemm_available
+from ..provenance import provenance
 from .timing import BenchRow, device_name
 
 
@@ -78,7 +79,8 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     lines = [
         "# Throughput: xenc_lab against sentence-transformers",
         "",
-        f"Machine: {machine(devices[0])}. Regenerate with `{command}`.",
+        provenance(command, None if torch.device(devices[0]).type == "cpu" else machine(devices[0])),
+        "",
         (
             "Both engines in one process on the same pairs, alternating runs, tokenization included; "
             "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
@@ -143,7 +145,7 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
         lines += ["", notes]
     lines += ["", "![pairs/s by mode and workload](throughput.png)", ""]
     (out_dir / "throughput.md").write_text("\n".join(lines))
-    record = {"machine": machine(devices[0]), "command": command, "notes": notes, "rows": as_dicts(rows)}
+    record = {"machine": machine(devices[0]), "provenance": lines[2], "command": command, "notes": notes, "rows": as_dicts(rows)}
     (out_dir / "throughput.json").write_text(json.dumps(record, indent=1) + "\n")
 
     from matplotlib.figure import Figure  # not pyplot: no backend is chosen for the process, no figure left open

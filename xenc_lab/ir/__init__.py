@@ -1,12 +1,13 @@
-"""Reranking experiments: read a first-stage run, rerank it, evaluate it, compare rankings. Needs pandas and
-ir-measures (``pip install 'xenc-lab[ir]'``), imported when a tool is first used."""
+"""Reranking experiments: read a first-stage run, rerank it, evaluate it, compare systems in one table, fuse runs,
+compare rankings. Needs pandas and ir-measures (``pip install 'xenc-lab[ir]'``), imported when a tool is first used."""
 import importlib
 
 _HOMES = {
-    "rerank": "reranking",
+    "experiment": "experiments", "format_table": "experiments",
+    "rerank": "reranking", "rerank_variants": "variants", "bm25": "first_stage", "load_collection": "irds",
     "evaluate": "metrics", "significance": "metrics",
+    "rrf": "fusion", "interpolate": "fusion", "tune_interpolation": "fusion",
     "compare_rankings": "compare", "summarize_comparison": "compare", "score_frame": "frames",
-    "rerank_variants": "variants",
     "read_run": "files", "read_qrels": "files", "read_queries": "files", "read_corpus": "files", "write_run": "files",
 }
 __all__ = list(_HOMES)

@@ -35,8 +35,7 @@ def compare_rankings(run_a, run_b, k: int = 10):
     - ``kendall_tau``: Kendall's tau-b between the two runs' positions of the shared candidates (NaN below 2);
     - ``overlap@k``: |top k of a ∩ top k of b| / min(k, len a, len b), so 1 when the shorter top-k list lies inside
       the other, 0 when they share nothing;
-    - ``same_top_k`` (k written as a number, like the others): both top-k lists hold the same documents in the
-      same order;
+    - ``identical@k``: both top-k lists hold the same documents in the same order (formerly ``same_top_k``);
     - ``mean_shift@k``, ``max_shift@k``: |position in b - position in a| over a's top k, a document absent from b
       counting as placed just past b's list (position len b + 1).
 
@@ -71,26 +70,26 @@ def compare_rankings(run_a, run_b, k: int = 10):
             "shared": int(shared.sum()),
             "kendall_tau": _tau(pa[shared], pb[shared]),
             f"overlap@{k}": (top_a & top_b).sum() / min(k, in_a.sum(), in_b.sum()),
-            f"same_top_{k}": bool(top_a.sum() == top_b.sum() and np.array_equal(pa[top_a], pb[top_a])),
+            f"identical@{k}": bool(top_a.sum() == top_b.sum() and np.array_equal(pa[top_a], pb[top_a])),
             f"mean_shift@{k}": shifts.mean(),
             f"max_shift@{k}": shifts.max(),
         }
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "qid"
     return frame.astype({"shared": "int64", "kendall_tau": "float64", f"overlap@{k}": "float64",
-                         f"same_top_{k}": "bool", f"mean_shift@{k}": "float64", f"max_shift@{k}": "float64"})
+                         f"identical@{k}": "bool", f"mean_shift@{k}": "float64", f"max_shift@{k}": "float64"})
 
 
 def summarize_comparison(frame):
     """One line for a ``compare_rankings`` frame, as a Series: queries, mean_kendall_tau (over queries where tau is
-    defined), mean_overlap@k, share_same_top_k, mean_shift@k (the mean of the per-query means) and max_shift@k (the
+    defined), mean_overlap@k, share_identical@k, mean_shift@k (the mean of the per-query means) and max_shift@k (the
     largest over all queries)."""
     import pandas as pd
 
     k = next((c.removeprefix("overlap@") for c in getattr(frame, "columns", []) if str(c).startswith("overlap@")),
              None)
     n = k if k is not None else "<k>"
-    needed = ["shared", "kendall_tau", f"overlap@{n}", f"same_top_{n}", f"mean_shift@{n}", f"max_shift@{n}"]
+    needed = ["shared", "kendall_tau", f"overlap@{n}", f"identical@{n}", f"mean_shift@{n}", f"max_shift@{n}"]
     if not isinstance(frame, pd.DataFrame) or k is None or any(c not in frame.columns for c in needed):
         got = list(frame.columns) if isinstance(frame, pd.DataFrame) else type(frame).__name__
         raise ValueError(f"expected a compare_rankings frame with columns {needed}, got {got}")
@@ -98,7 +97,7 @@ def summarize_comparison(frame):
         "queries": float(len(frame)),
         "mean_kendall_tau": frame["kendall_tau"].mean(),
         f"mean_overlap@{k}": frame[f"overlap@{k}"].mean(),
-        f"share_same_top_{k}": frame[f"same_top_{k}"].mean(),
+        f"share_identical@{k}": frame[f"identical@{k}"].mean(),
         f"mean_shift@{k}": frame[f"mean_shift@{k}"].mean(),
         f"max_shift@{k}": frame[f"max_shift@{k}"].max(),
     }, dtype="float64")

@@ -125,11 +125,12 @@ def check_tag(tag) -> str:
 # -- qrels --------------------------------------------------------------------------------------------------
 def read_qrels(source):
     """Relevance judgements as a DataFrame (qid, docno, relevance): TREC qrels (``qid 0 docno rel``), BEIR's
-    ``qrels/<split>.tsv`` (``query-id  corpus-id  score`` with its header), or a DataFrame."""
+    ``qrels/<split>.tsv`` (``query-id  corpus-id  score`` with its header), or a DataFrame (``qid, docno,
+    relevance``; PyTerrier's ``label``, ir-measures' ``query_id, doc_id`` accepted)."""
     pd = _pandas()
     if _is_frame(source):
         cols = _frame_columns(source, {"qid": ("query_id", "query-id"), "docno": ("doc_id", "corpus-id"),
-                                       "relevance": ("score", "rel")}, "a qrels")
+                                       "relevance": ("label", "score", "rel")}, "a qrels")
         return pd.DataFrame({"qid": source[cols["qid"]].astype(str), "docno": source[cols["docno"]].astype(str),
                              "relevance": source[cols["relevance"]].astype("int64")}).reset_index(drop=True)
     qids, docnos, rels = [], [], []
@@ -154,7 +155,7 @@ def read_qrels(source):
 
 
 # -- queries and documents ----------------------------------------------------------------------------------
-def _read_texts(source, what: str, keep, title_sep) -> dict[str, str]:
+def _read_texts(source, what: str, keep, title_sep, text_names=("text",)) -> dict[str, str]:
     """id -> text from BEIR JSONL (``_id``, ``text``, optional ``title``), a two-column TSV (``id<TAB>text``), a
     DataFrame or a mapping. ``keep``: only these ids (the rest is not held in memory); ``title_sep``: how a title
     joins its text (None: titles are left out)."""
@@ -162,7 +163,9 @@ def _read_texts(source, what: str, keep, title_sep) -> dict[str, str]:
         items = ((str(k), v) for k, v in source.items())
         return {k: _joined(v, title_sep, what, k) for k, v in items if keep is None or k in keep}
     if _is_frame(source):
-        cols = _frame_columns(source, {"id": ("_id", "docno", "qid", "pid", "doc_id", "query_id"), "text": ()}, what)
+        cols = _frame_columns(source, {"id": ("_id", "docno", "qid", "pid", "doc_id", "query_id"),
+                                       text_names[0]: text_names[1:]}, what)
+        cols["text"] = cols[text_names[0]]
         titles = source["title"] if "title" in source.columns and title_sep is not None else None
         out = {}
         for i, (key, text) in enumerate(zip(source[cols["id"]].astype(str), source[cols["text"]])):
@@ -210,7 +213,10 @@ def _missing(value) -> bool:
 
 
 def read_queries(source) -> dict[str, str]:
-    """qid -> text from BEIR's ``queries.jsonl``, MS MARCO's ``qid<TAB>query`` TSV, a DataFrame or a dict."""
+    """qid -> text from BEIR's ``queries.jsonl``, MS MARCO's ``qid<TAB>query`` TSV, a DataFrame (PyTerrier's topics
+    ``qid, query``; or ``_id``/``qid`` and ``text``) or a dict."""
+    if _is_frame(source) and "query" in source.columns and "qid" in source.columns:
+        return _read_texts(source[["qid", "query"]].drop_duplicates("qid"), "query", None, None, ("query",))
     return _read_texts(source, "query", None, None)
 
 
@@ -221,3 +227,17 @@ def read_corpus(source, ids: Iterable[str] | None = None, title_sep: str | None 
     if title_sep is not None and not isinstance(title_sep, str):
         raise TypeError(f"title_sep must be a str or None, got {type(title_sep).__name__}")
     return _read_texts(source, "document", None if ids is None else set(ids), title_sep)
+
+
+def texts_of_run(run, queries, corpus):
+    """(queries, corpus) with a missing one taken from a run frame's own text columns, as PyTerrier's results frames
+    carry them: ``query`` (qid -> query) and ``text`` (docno -> document)."""
+    for given, column, what in ((queries, "query", "queries"), (corpus, "text", "corpus")):
+        if given is None and not (_is_frame(run) and column in run.columns):
+            raise ValueError(f"{what} is None: give {what}, or a run DataFrame with a {column!r} column "
+                             f"(PyTerrier's results frame)")
+    if queries is None:
+        queries = dict(zip(run["qid"].astype(str), run["query"]))
+    if corpus is None:
+        corpus = dict(zip(run["docno"].astype(str), run["text"]))
+    return queries, corpus

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
-
 from .files import read_qrels, read_run
 
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@100")
@@ -62,6 +60,17 @@ def _to_ir(frame):
     return frame[["qid", "docno", value]].set_axis(["query_id", "doc_id", value], axis=1)
 
 
+def drop_identical_ids(run_ir, what: str = "a run"):
+    """BEIR's ``ignore_identical_ids``: the run without results whose document id equals the query id, with a
+    warning giving how many there were."""
+    same = run_ir["query_id"].to_numpy() == run_ir["doc_id"].to_numpy()
+    if same.any():
+        warnings.warn(f"{what}: dropped {int(same.sum())} results whose docno equals the qid (BEIR's "
+                      "ignore_identical_ids; pass ignore_identical_ids=False to keep them)", stacklevel=3)
+        return run_ir[~same]
+    return run_ir
+
+
 def _judged_queries(run_ir, qrels_ir, what: str = "the run") -> set:
     """The run's judged queries; none is an error (every measure would be meaningless, most often a qid mismatch)."""
     run_q, qrels_q = set(run_ir["query_id"]), set(qrels_ir["query_id"])
@@ -83,18 +92,21 @@ def _per_query(measures, run_ir, qrels_ir):
     return table
 
 
-def evaluate(run, qrels, measures=DEFAULT_MEASURES, per_query: bool = False):
+def evaluate(run, qrels, measures=DEFAULT_MEASURES, per_query: bool = False, ignore_identical_ids: bool = True):
     """The run's scores under ``measures``: a Series measure name -> mean over queries (``ir_measures.calc_aggregate``),
     or with ``per_query`` a DataFrame indexed by qid with one column per measure name (``ir_measures.iter_calc``).
 
     As ir-measures does, every judged query counts: one the run has no documents for scores 0 (trec_eval's ``-c``);
     a warning says how many there are. ir-measures picks an implementation per measure, and they differ on tied
     scores: nDCG, R, P, AP go through trec_eval (ties by docno descending), RR@k through MS MARCO's script (ties by
-    docno ascending)."""
+    docno ascending). ``ignore_identical_ids`` (True, as BEIR's evaluation): a result whose docno equals its qid is
+    dropped first, with a warning (ArguAna, Quora: a query is also a document); False keeps it, as trec_eval does."""
     import pandas as pd
 
     measures = parse_measures(measures)
     run_ir, qrels_ir = _to_ir(read_run(run)), _to_ir(read_qrels(qrels))
+    if ignore_identical_ids:
+        run_ir = drop_identical_ids(run_ir, "the run")
     judged = _judged_queries(run_ir, qrels_ir)
     missing = sorted(set(qrels_ir["query_id"]) - judged)
     if missing:
@@ -107,53 +119,35 @@ def evaluate(run, qrels, measures=DEFAULT_MEASURES, per_query: bool = False):
                      dtype="float64")
 
 
-def significance(run_a, run_b, qrels, measures=DEFAULT_MEASURES, trials: int = 10000, seed: int = 0):
-    """Paired tests of run b against run a over the judged queries both runs hold: a DataFrame indexed by measure
-    name with mean_a, mean_b, delta (mean_b - mean_a), t_p (``scipy.stats.ttest_rel``), perm_p (two-sided paired
-    randomization test, ``scipy.stats.permutation_test`` on the mean difference, ``trials`` resamples, ``seed``) and
-    n_queries. Where every per-query difference is zero the t-test is undefined (scipy's nan); t_p is 1.0 there.
-    With fewer than 2 shared queries both p-values are nan. Runs that hold different judged queries are tested on
-    those both hold, with a warning giving the counts."""
+def significance(run_a, run_b, qrels, measures=DEFAULT_MEASURES, trials: int = 10000, seed: int = 0, *,
+                 missing: str = "zero", ignore_identical_ids: bool = True):
+    """Paired tests of run b against run a, ``experiment``'s for two runs: a DataFrame indexed by measure name with
+    mean_a, mean_b, delta (mean_b - mean_a), ``+`` / ``-`` (queries b improves / degrades), ``p-value`` (paired
+    t-test, ``scipy.stats.ttest_rel``), ``p-value (randomization)`` (two-sided paired randomization test,
+    ``scipy.stats.permutation_test`` on the mean difference, ``trials`` resamples, ``seed``) and n_queries (the
+    queries paired). ``missing`` and ``ignore_identical_ids`` as in ``experiment``: by default a judged query a run
+    lacks scores 0; ``missing="drop"`` pairs the queries both hold. Where every per-query difference is zero the
+    p-values are 1.0 (scipy's t-test would give nan); with fewer than 2 queries nan. (The p-values were formerly
+    named t_p and perm_p.)"""
     import pandas as pd
+
+    from .experiments import experiment
+    from .paired import paired_pvalue
 
     if isinstance(trials, bool) or not isinstance(trials, int):
         raise TypeError(f"trials must be an int, got {type(trials).__name__}")
     if trials < 1:
         raise ValueError(f"trials must be positive, got {trials}")
-    measures = parse_measures(measures)
-    a_ir, b_ir, qrels_ir = _to_ir(read_run(run_a)), _to_ir(read_run(run_b)), _to_ir(read_qrels(qrels))
-    judged_a, judged_b = _judged_queries(a_ir, qrels_ir, "run a"), _judged_queries(b_ir, qrels_ir, "run b")
-    shared = judged_a & judged_b
-    if not shared:
-        raise ValueError(f"the two runs share no judged query: run a has e.g. {sorted(judged_a)[:5]}, run b has "
-                         f"e.g. {sorted(judged_b)[:5]}")
-    if judged_a != judged_b:
-        warnings.warn(f"the runs hold different judged queries (run a {len(judged_a)}, run b {len(judged_b)}); "
-                      f"testing the {len(shared)} both hold", stacklevel=2)
-    qrels_ir = qrels_ir[qrels_ir["query_id"].isin(shared)]
-    per_a = _per_query(measures, a_ir[a_ir["query_id"].isin(shared)], qrels_ir)
-    per_b = _per_query(measures, b_ir[b_ir["query_id"].isin(shared)], qrels_ir).reindex(per_a.index)
+    table, long = experiment({"a": run_a, "b": run_b}, None, qrels, measures, baseline="a", correction=None,
+                             perquery="both", missing=missing, ignore_identical_ids=ignore_identical_ids)
+    per = long.pivot_table(index=["measure", "qid"], columns="name", values="value")
     rows = {}
-    for name in per_a.columns:
-        pair = pd.DataFrame({"a": per_a[name], "b": per_b[name]}).dropna()
+    for name in [c for c in table.columns if c != "name" and " " not in c]:
+        pair = per.loc[name].dropna()
         a, b = pair["a"].to_numpy(), pair["b"].to_numpy()
-        rows[name] = {"mean_a": a.mean(), "mean_b": b.mean(), "delta": b.mean() - a.mean(),
-                      **_paired_p(a, b, trials, seed), "n_queries": len(a)}
-    return pd.DataFrame.from_dict(rows, orient="index").astype({"n_queries": "int64"})
-
-
-def _paired_p(a: np.ndarray, b: np.ndarray, trials: int, seed: int) -> dict[str, float]:
-    """t-test and randomization-test p-values for per-query pairs (a, b)."""
-    from scipy import stats
-
-    if len(a) < 2:
-        return {"t_p": float("nan"), "perm_p": float("nan")}
-    # Zero differences everywhere: no evidence of a difference (scipy's t-test would give nan with a warning).
-    t_p = 1.0 if np.all(a == b) else float(stats.ttest_rel(b, a).pvalue)
-    perm = stats.permutation_test((b, a), _mean_difference, permutation_type="samples", vectorized=True,
-                                  n_resamples=trials, alternative="two-sided", rng=seed)
-    return {"t_p": t_p, "perm_p": float(perm.pvalue)}
-
-
-def _mean_difference(x, y, axis):
-    return np.mean(x - y, axis=axis)
+        if not len(a):
+            raise ValueError(f"the two runs share no judged query (missing={missing!r})")
+        rows[name] = {"mean_a": table.loc[0, name], "mean_b": table.loc[1, name], "delta": table.loc[1, name] - table.loc[0, name],
+                      "+": int((b > a).sum()), "-": int((b < a).sum()), "p-value": table.loc[1, f"{name} p-value"],
+                      "p-value (randomization)": paired_pvalue(b, a, "randomization", trials, seed), "n_queries": len(a)}
+    return pd.DataFrame.from_dict(rows, orient="index").astype({"+": "int64", "-": "int64", "n_queries": "int64"})

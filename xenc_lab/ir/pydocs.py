@@ -1,6 +1,6 @@
 """An offline test collection built from the documentation that ships with Python: each documented function of
 some standard-library modules is a document (its module as title, its docstring as text), and a query made of its
-name's words has that function's docstring as its one relevant document. Plus a BM25 first stage (``bm25s``)."""
+name's words has that function's docstring as its one relevant document. Its BM25 first stage is ``xenc_lab.bm25``."""
 from __future__ import annotations
 
 import importlib
@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import re
+import warnings
 
 MODULES = [
     "array", "base64", "binascii", "bisect", "calendar", "cmath", "codecs", "collections", "colorsys", "copy", "csv",
@@ -62,26 +63,8 @@ def python_docs_collection(folder: str | os.PathLike, max_chars: int = 1000, max
 
 
 def bm25_run(queries, corpus, k: int = 100, title_sep: str | None = " "):
-    """A BM25 first stage (``bm25s``, English stopwords) as a run frame (qid, docno, rank, score): each query's top
-    ``k`` documents that share a term with it (score above 0). ``queries``/``corpus``: what
-    ``read_queries``/``read_corpus`` take."""
-    import bm25s
-    import pandas as pd
+    """Deprecated name of ``xenc_lab.bm25`` (``xenc_lab.ir.bm25``), kept for old notebooks."""
+    warnings.warn("xenc_lab.ir.pydocs.bm25_run is now xenc_lab.bm25", DeprecationWarning, stacklevel=2)
+    from .first_stage import bm25
 
-    from .files import read_corpus, read_queries
-
-    texts, docs = read_queries(queries), read_corpus(corpus, title_sep=title_sep)
-    docnos = list(docs)
-    index = bm25s.BM25()
-    index.index(bm25s.tokenize([docs[d] or "" for d in docnos], show_progress=False), show_progress=False)
-    qids = list(texts)
-    found, scores = index.retrieve(bm25s.tokenize([texts[q] for q in qids], show_progress=False),
-                                   k=min(k, len(docnos)), show_progress=False)
-    rows = [(qid, docnos[i], float(s)) for qid, ids, ss in zip(qids, found, scores) for i, s in zip(ids, ss) if s > 0]
-    run = pd.DataFrame(rows, columns=["qid", "docno", "score"])
-    # Ranks in the order evaluation reads a run (score descending, ties by docno descending, as trec_eval), so that
-    # the top k by rank are the top k that rerank(depth=k) rescores.
-    run = run.sort_values(["score", "docno"], ascending=False, kind="stable")
-    run = run.iloc[run["qid"].map({q: i for i, q in enumerate(qids)}).argsort(kind="stable")]
-    run.insert(2, "rank", run.groupby("qid", sort=False).cumcount() + 1)
-    return run.reset_index(drop=True)
+    return bm25(queries, corpus, k=k, title_sep=title_sep)

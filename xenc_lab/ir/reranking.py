@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from .files import check_tag, format_run_lines, read_corpus, read_queries, read_run
+from .files import check_tag, format_run_lines, read_corpus, read_queries, read_run, texts_of_run
 
 WINDOW = 4096  # pairs scored per engine call: bounds the texts and scores in flight, not the run's size
 
@@ -123,6 +123,7 @@ def rerank(
     skip_missing: bool = False,
     window: int = WINDOW,
     show_progress_bar: bool = True,
+    cache=None,
     **predict_kwargs,
 ):
     """Reranks each query's top ``depth`` candidates of ``run`` with ``scorer`` and returns the new run as a DataFrame
@@ -132,12 +133,14 @@ def rerank(
     dicts. A document's text is its title, ``title_sep`` and its text where it has a title (None: text only).
     Candidates below ``depth`` (None: all are reranked) keep their first-stage order, scored below the reranked
     ones. ``output``: a TREC run file written query by query; ``resume=True`` continues one that was interrupted.
-    ``scorer``: a ``Scorer``, or anything with ``CrossEncoder.predict``'s signature (a ``CrossEncoder`` itself, to
-    compare); ``predict_kwargs`` (``batch_size``, ``prompt``, ``max_length``...) go to its ``predict``."""
-    if not callable(getattr(scorer, "predict", None)):
-        raise TypeError(f"scorer must have a predict() method (a Scorer or a CrossEncoder), got {type(scorer).__name__}")
-    if getattr(scorer, "num_labels", 1) != 1:
-        raise ValueError(f"rerank needs a one-label model (one score per pair); this one has {scorer.num_labels} labels")
+    ``scorer``: a ``Scorer``, a model directory or hub id (loaded as a Scorer), or anything with
+    ``CrossEncoder.predict``'s signature (a ``CrossEncoder`` itself, to compare); ``predict_kwargs`` (``batch_size``,
+    ``prompt``, ``max_length``, ``long_documents``...) go to its ``predict``. ``cache``: a score cache file (or
+    ``ScoreCache``) the Scorer reads and fills (``score_cache.py``); the Scorer passed is left without it."""
+    is_path = isinstance(scorer, (str, os.PathLike))
+    if not is_path and not callable(getattr(scorer, "predict", None)):
+        raise TypeError(f"scorer must be a Scorer, a model path or have a predict() method (a CrossEncoder), got "
+                        f"{type(scorer).__name__}")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 1):
         raise ValueError(f"depth must be a positive int or None (rerank all), got {depth!r}")
     if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
@@ -153,7 +156,19 @@ def rerank(
                               "overwrite=True (--overwrite) to start again")
     if resume and output is None:
         raise ValueError("resume=True needs an output file to continue")
+    if is_path:
+        from .. import Scorer
 
+        scorer = Scorer(scorer, cache=cache)
+    elif cache is not None:
+        from ..score_cache import with_cache
+
+        scorer = with_cache(scorer, cache)
+    if getattr(scorer, "num_labels", 1) != 1:
+        raise ValueError(f"rerank needs a one-label model (one score per pair); this one has {scorer.num_labels} labels")
+
+    if queries is None or corpus is None:
+        queries, corpus = texts_of_run(run, queries, corpus)
     run = read_run(run)
     head_of = lambda docnos: docnos if depth is None else docnos[:depth]
     wanted = {d for docnos in first_stage_order(run).values() for d in head_of(docnos)}

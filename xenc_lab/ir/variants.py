@@ -3,12 +3,11 @@
 pairs, what they do to the rankings (Kendall's tau, top-k overlap), and to the metrics."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from .compare import compare_rankings, summarize_comparison
-from .metrics import significance
-from .reranking import rerank
+from .metrics import DEFAULT_MEASURES
+from .systems import DEFAULT_DEPTH, is_reranker, run_systems
 
 STANDARD_VARIANTS = {
     "float32": {},
@@ -20,7 +19,8 @@ STANDARD_VARIANTS = {
 
 @dataclass
 class Variants:
-    """The reranked runs of one experiment, by variant name; ``depth`` candidates of each query were rescored."""
+    """The reranked runs of one experiment, by variant name; ``depth`` candidates of each query were rescored (None:
+    all), and ``seconds`` each variant's reranking took."""
 
     runs: dict
     baseline: str
@@ -30,7 +30,7 @@ class Variants:
     def head(self, name: str):
         """A variant's run cut to the rescored candidates (rank <= depth)."""
         run = self.runs[name]
-        return run[run["rank"] <= self.depth]
+        return run if self.depth is None else run[run["rank"] <= self.depth]
 
     def _head(self, name):
         return self.head(name).set_index(["qid", "docno"])["score"]
@@ -86,17 +86,17 @@ class Variants:
         return pd.DataFrame({name: summarize_comparison(compare_rankings(cut(self.baseline), cut(name), k=k))
                              for name in self.runs}).T
 
-    def metrics(self, qrels, measures=("nDCG@10", "RR@10"), trials: int = 10000):
-        """Per variant and measure: the value, its change from the baseline and the paired tests' p-values."""
-        import pandas as pd
+    def metrics(self, qrels, measures=DEFAULT_MEASURES, **experiment_kwargs):
+        """``experiment``'s table of the variants' runs against the baseline (pt.Experiment's columns: each measure,
+        ``mrt``, ``{m} +``, ``{m} -``, ``{m} p-value``, ``{m} p-value corrected``, ``{m} reject``);
+        ``experiment_kwargs`` (``test``, ``correction``...) go there."""
+        from .experiments import experiment
 
-        frames = []
-        for name, run in self.runs.items():
-            tests = significance(self.runs[self.baseline], run, qrels, measures, trials=trials)
-            frames.append(pd.DataFrame({"variant": name, "measure": tests.index, "value": tests["mean_b"].to_numpy(),
-                                        "delta": tests["delta"].to_numpy(), "t_p": tests["t_p"].to_numpy(),
-                                        "perm_p": tests["perm_p"].to_numpy()}))
-        return pd.concat(frames, ignore_index=True).set_index(["variant", "measure"])
+        table = experiment(self.runs, None, qrels, measures, baseline=self.baseline, **experiment_kwargs)
+        at = next((i for i, c in enumerate(table.columns) if " " in c), len(table.columns))  # after the measures
+        table.insert(at, "mrt", [1000.0 * self.seconds[n] / max(1, self.runs[n]["qid"].nunique())
+                                 for n in table["name"]])
+        return table
 
     def plot(self, qrels=None, measures=("nDCG@10",), k: int = 10):
         """A figure: |score delta| per variant (log scale), the share of queries whose top k changed, and where
@@ -114,14 +114,15 @@ class Variants:
         axes[0].set(xlabel="log10 |score - baseline score| (equal: -9)", ylabel="pairs", title="score deltas")
         axes[0].legend(fontsize=8)
         ranks = self.rankings(k).loc[others]
-        axes[1].bar(others, 1 - ranks[f"share_same_top_{k}"], color="tab:orange")
+        axes[1].bar(others, 1 - ranks[f"share_identical@{k}"], color="tab:orange")
         axes[1].set(ylabel="share of queries", title=f"top {k} changed vs {self.baseline}")
         axes[1].tick_params(axis="x", labelrotation=20)
         if qrels is not None:
-            table = self.metrics(qrels, measures).loc[others]
-            for i, m in enumerate(table.index.get_level_values("measure").unique()):
-                values = table.xs(m, level="measure")["delta"]
-                axes[2].bar(np.arange(len(others)) + 0.8 * i / len(measures), values, width=0.8 / len(measures), label=m)
+            table = self.metrics(qrels, measures, correction=None).set_index("name")
+            names = [c for c in table.columns if c != "mrt" and " " not in c]
+            for i, m in enumerate(names):
+                values = table.loc[others, m] - table.loc[self.baseline, m]
+                axes[2].bar(np.arange(len(others)) + 0.8 * i / len(names), values, width=0.8 / len(names), label=m)
             axes[2].set_xticks(np.arange(len(others)), others, rotation=20)
             axes[2].axhline(0, color="black", lw=0.5)
             axes[2].set(ylabel="delta", title="metric change")
@@ -130,11 +131,14 @@ class Variants:
         return fig
 
 
-def rerank_variants(model, queries, corpus, run, variants: dict | None = None, depth: int = 20,
-                    baseline: str | None = None, scorer_kwargs: dict | None = None, **rerank_kwargs) -> Variants:
+def rerank_variants(model, queries, corpus, run, variants: dict | None = None, depth: int | None = DEFAULT_DEPTH,
+                    baseline: str | None = None, scorer_kwargs: dict | None = None, cache=None,
+                    **rerank_kwargs) -> Variants:
     """Reranks ``run`` once per variant: a name -> ``Scorer`` keyword arguments (default: ``STANDARD_VARIANTS``),
-    each on ``model`` unless it names its own ``model``. ``baseline``: the variant compared against (default: the
-    first). Returns ``Variants``."""
+    each on ``model`` (a model path, or a Scorer whose settings the variants start from) unless it names its own
+    ``model``; ``depth`` candidates per query, as ``rerank`` and ``experiment`` rerank them (default 100).
+    ``baseline``: the variant compared against (default: the first). ``cache``: a score cache file every variant
+    reads and fills. Returns ``Variants``; ``Variants.metrics(qrels)`` is ``experiment``'s table."""
     from .. import Scorer
 
     variants = dict(STANDARD_VARIANTS if variants is None else variants)
@@ -143,11 +147,21 @@ def rerank_variants(model, queries, corpus, run, variants: dict | None = None, d
     baseline = next(iter(variants)) if baseline is None else baseline
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {list(variants)}")
+    base_kwargs = {}
+    if is_reranker(model):  # a Scorer: its own settings, which each variant changes
+        if not hasattr(model, "config"):
+            raise TypeError(f"model must be a model path or a xenc_lab Scorer, got {type(model).__name__}")
+        c = model.config
+        base_kwargs = {"device": c.device, "dtype": c.dtype, "max_length": c.max_length, "page_size": c.page_size,
+                       "max_batch_tokens": c.max_batch_tokens, "compile": c.compile,
+                       "trust_remote_code": c.trust_remote_code, "long_documents": c.long_documents,
+                       "window_stride": c.window_stride}
     runs, seconds = {}, {}
     for name, kwargs in variants.items():
-        kwargs = {**(scorer_kwargs or {}), **kwargs}
-        scorer = Scorer(kwargs.pop("model", model), **kwargs)
-        start = time.perf_counter()
-        runs[name] = rerank(scorer, queries, corpus, run, depth=depth, **rerank_kwargs)
-        seconds[name] = time.perf_counter() - start  # compile=True includes its compilation
+        kwargs = {**base_kwargs, **(scorer_kwargs or {}), **kwargs}
+        path = kwargs.pop("model", model.path if is_reranker(model) else model)
+        scorer = model if is_reranker(model) and not variants[name] and not scorer_kwargs else Scorer(path, **kwargs)
+        done = run_systems({name: scorer}, queries=queries, corpus=corpus, first_stage=run, depth=depth, cache=cache,
+                           **rerank_kwargs)[name]
+        runs[name], seconds[name] = done.run, done.seconds  # compile=True includes its compilation
     return Variants(runs, baseline, depth, seconds)

@@ -7,7 +7,6 @@ the server's process does only the server's work."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -15,6 +14,8 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 
 import numpy as np
+
+from ..provenance import provenance
 
 DOCS_PER_REQUEST = 16
 
@@ -153,7 +154,7 @@ def report_section(row: dict, command: str, machine: str) -> str:
     served = row["served"]
     return "\n".join([
         "## Serving", "",
-        f"Machine: {machine}. {datetime.date.today().isoformat()}. Regenerate with `{command}`.", "",
+        provenance(command, machine), "",
         f"`xenc-lab serve`'s app (uvicorn, in a thread of the benchmark's process) and {row['clients']} concurrent "
         f"clients (httpx on asyncio, in a process of their own on the same machine) posting `/score` requests of "
         f"{DOCS_PER_REQUEST} (query, passage) pairs N:N, `make_pairs(\"{row['workload']}\")` texts, for "
