@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from parity_tests import strategies as S
 from xenc_lab import Scorer, engine
-from xenc_lab.windows import aggregate, spans, windowed_pairs
+from xenc_lab.long_documents import aggregate, spans, windowed_pairs
 
 LONG = " ".join(S.WORDS * 2)  # about 240 tokens: several windows at max_length 64
 PAIRS = [
@@ -322,7 +322,7 @@ def test_a_decoders_windows_keep_the_template_around_slices_of_the_document_cove
 def test_a_decoders_modes_first_equals_truncate_and_max_and_mean_are_those_of_transformers(qwen3, decoder):
     from transformers import AutoModelForCausalLM
 
-    from xenc_lab.chat import score_tokens
+    from xenc_lab.decoder.chat import score_tokens
 
     truncated = decoder.predict(DECODER_PAIRS)
     got = {mode: decoder.predict(DECODER_PAIRS, long_documents=mode) for mode in ("first", "max", "mean")}

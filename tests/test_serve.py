@@ -358,7 +358,7 @@ def test_no_request_generated_from_the_openapi_schema_gets_a_server_error(served
 
 
 def test_a_served_decoder_never_asks_the_file_system_about_a_text(tmp_path, monkeypatch):
-    import xenc_lab.chat as chat
+    import xenc_lab.decoder.chat as chat
 
     looked = []
     monkeypatch.setattr(chat.os.path, "isfile", lambda p: looked.append(p) or True)

@@ -30,6 +30,11 @@ class Choices:
         """Whether attention runs on the packed stream itself (else on pairs laid out padded, for SDPA)."""
         return self.attention != "sdpa"
 
+    @property
+    def row_kernels(self) -> bool:
+        """Whether eager forwards may run xenc_lab's CPU row kernels (decoders' RMSNorm and rotary positions)."""
+        return self.device == "cpu"
+
 
 def resolve(
     device: torch.device, dtype: torch.dtype, head_shape: tuple[int, int] | None, compile: bool, causal: bool = False

@@ -1,7 +1,9 @@
-"""One dict from a checkpoint's architecture to our packed module; ``base.PackedModel`` is what each one declares."""
+"""The family registry: one dict from a checkpoint's architecture to our packed module. What each declares is
+``base.EncoderModel``'s or ``base.DecoderModel``'s contract; no architecture name is read outside ``models/`` and the
+loader."""
 from __future__ import annotations
 
-from .base import PackedModel
+from .base import DecoderModel, EncoderModel, PackedModel
 from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 from .deberta_v2 import DebertaV2ForSequenceClassification
 from .decoder import DecoderForCausalLM, DecoderForSequenceClassification
@@ -24,4 +26,4 @@ ARCHITECTURES = {
     "LlamaForSequenceClassification": DecoderForSequenceClassification,
 }
 
-__all__ = ["ARCHITECTURES", "PackedModel"]
+__all__ = ["ARCHITECTURES", "DecoderModel", "EncoderModel", "PackedModel"]

@@ -18,7 +18,7 @@ from ..ops.attention import first_token_attention, packed_attention, varlen_take
 from ..ops.first_token import split_first
 from ..ops.layout import mean_per_pair
 from ..ops.linear import linear_plus
-from .base import PackedModel
+from .base import EncoderModel
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -187,7 +187,11 @@ class PredictionHead(nn.Module):
         return self.norm(self.act(self.dense(x)))
 
 
-class ModernBertForSequenceClassification(PackedModel):
+class ModernBertForSequenceClassification(EncoderModel):
+    @classmethod
+    def position_limit(cls, config) -> None:
+        return None  # rotary positions only
+
     def __init__(self, config):
         super().__init__()
         if config.classifier_pooling not in ("cls", "mean"):

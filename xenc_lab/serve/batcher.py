@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine import WINDOW
+from ..engine import INPUT_BLOCK
 
 
 class QueueFull(Exception):
@@ -41,7 +41,7 @@ class Batcher:
     """Scores queued requests on one worker thread (the Scorer takes one call at a time anyway), several requests per
     ``predict`` call. ``calls``, ``requests`` and ``pairs`` count what it ran, for benchmarks and tests."""
 
-    def __init__(self, scorer, max_queue: int = 256, max_batch_pairs: int = WINDOW):
+    def __init__(self, scorer, max_queue: int = 256, max_batch_pairs: int = INPUT_BLOCK):
         if max_queue < 1 or max_batch_pairs < 1:
             raise ValueError(f"max_queue and max_batch_pairs must be positive, got {max_queue} and {max_batch_pairs}")
         self.scorer = scorer

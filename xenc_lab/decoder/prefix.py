@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tokenize import Encodings
+from ..tokenize import Encodings
 
 
 @dataclass(slots=True)
