@@ -18,6 +18,7 @@ from ..ops.attention import first_token_attention, packed_attention, varlen_take
 from ..ops.first_token import split_first
 from ..ops.layout import mean_per_pair
 from ..ops.linear import linear_plus
+from ..ops.rotary import rotate_float32
 from .base import EncoderModel
 
 KINDS = ("full_attention", "sliding_attention")
@@ -37,13 +38,6 @@ def _rope_type(config, kind: str) -> str:
     if rope_type in _LENGTH_DEPENDENT_ROPE or (rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS):
         raise ValueError(f"rope_type {rope_type!r} ({kind} layers) is not supported by the packed engine")
     return rope_type
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """(n, H, dh) rotated by cos, sin: (n, dh). In float32, as transformers."""
-    cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 class Embeddings(nn.Module):
@@ -84,13 +78,13 @@ class Attention(nn.Module):
         if first_only:
             q, kv = split_first(self.Wqkv, x, batch)
             first = batch.first_index
-            q = rotate(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
+            q = rotate_float32(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
             k, v = kv.view(T, 2, H, -1).unbind(1)
-            kv = torch.stack((rotate(k, cos, sin), v), dim=1).view(kv.shape)
+            kv = torch.stack((rotate_float32(k, cos, sin), v), dim=1).view(kv.shape)
             out = first_token_attention(q, kv, batch, H, choices.attention, scale=scale, window=self.window)
         else:
             q, k, v = self.Wqkv(x).view(T, 3, H, -1).unbind(1)  # (T, H, dh) each
-            qkv = torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), dim=1).view(T, -1)
+            qkv = torch.stack((rotate_float32(q, cos, sin), rotate_float32(k, cos, sin), v), dim=1).view(T, -1)
             out = packed_attention(qkv, batch, H, choices.attention, scale=scale, window=self.window)
         return linear_plus(self.Wo, out, residual)
 
