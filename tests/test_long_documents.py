@@ -271,7 +271,7 @@ DECODER_PAIRS = [("what is a river", " ".join(S.WORDS)), ("q", "a short document
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
 
     return build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3"))
 

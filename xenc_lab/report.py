@@ -134,12 +134,10 @@ def memory(out: Path, command: str = "xenc-lab report memory") -> Path:
     from .bench.memory import stream_memory_mb
     from .bench.report import machine
     from .zoo import minilm_cross_encoder
-
-    sys.path.insert(0, str(_need(ROOT / "parity_tests").parent))
-    from parity_tests.zoo import build_tiny
+    from .zoo.encoders import build_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"tiny BERT (2 layers, 48 wide)": (build_tiny(Path(tmp)), (10_000, 1_000_000)),
+        models = {"tiny BERT (2 layers, 32 wide)": (build_tiny(Path(tmp)), (10_000, 1_000_000)),
                   "MiniLM-L6 cross-encoder": (minilm_cross_encoder(), (10_000, 100_000))}
         rows = []
         for name, (path, sizes) in models.items():
