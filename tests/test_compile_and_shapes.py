@@ -265,7 +265,7 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
 def test_a_model_pads_pairs_where_its_attention_lays_them_out_padded(name, pads, tmp_path, monkeypatch):
     """Attention on the packed stream (the CPU kernel) leaves batches free to mix lengths; SDPA and DeBERTa's
     relative positions lay the pairs out (pairs, longest pair), and their batches keep ATTENTION_SLACK."""
-    from parity_tests.zoo import build_model
+    from xenc_lab.zoo.encoders import build_model
     from xenc_lab.cpu import native
 
     if not native.available():

@@ -170,9 +170,9 @@ def test_max_is_never_below_truncate_the_first_windows_scoring_as_the_truncated_
     assert torch.equal(first_window_logits(scorer, pairs, stride), scorer.logits(pairs))
 
 
-def test_windows_of_pairs_split_across_the_engines_windows_keep_their_pairs(scorer, monkeypatch):
+def test_windows_of_pairs_split_across_the_engines_input_blocks_keep_their_pairs(scorer, monkeypatch):
     want = {mode: scorer.predict(PAIRS * 3, long_documents=mode) for mode in ("max", "mean")}
-    monkeypatch.setattr(engine, "WINDOW", 2)  # pairs tokenized two at a time: the rows' pairs offset per window
+    monkeypatch.setattr(engine, "INPUT_BLOCK", 2)  # pairs tokenized two at a time: the rows' pairs offset per block
     for mode, scores in want.items():
         assert np.array_equal(scorer.predict(PAIRS * 3, long_documents=mode), scores), mode
 
@@ -271,7 +271,7 @@ DECODER_PAIRS = [("what is a river", " ".join(S.WORDS)), ("q", "a short document
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
 
     return build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3"))
 

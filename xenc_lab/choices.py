@@ -9,7 +9,7 @@ import torch
 
 from . import settings
 from .cpu import gemm, kernels, native
-from .cpu.attention_paths import cpu_attention_path
+from .attention_paths import cpu_attention_path
 from .ops.attention import varlen_runs
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..config import DTYPES, resolve_device, whole_number
-from ..cpu.attention_paths import attention_rates
+from ..attention_paths import attention_rates
 from ..cpu.info import native_half_units
 from ..st_args import split_pairs
 from .flops import attention_heads, gemm_rate, model_gflop
