@@ -1,6 +1,7 @@
-"""The decoders' engine: blocks of input pairs are tokenized (``engine.Engine``'s loop), their shared prefixes found on token ids (``prefix``) and
-computed once into the paged KV cache, level by level, then every pair's own tokens run as chunks over the cached
-pages, packed under the token budget; the last token of each pair gives its logits, in the caller's order.
+"""The decoders' engine: blocks of input pairs are tokenized (``engine.Engine``'s loop), their shared prefixes found
+on token ids (``prefix``) and computed once into the paged KV cache, level by level, then every pair's own tokens
+run as chunks over the cached pages, packed under the token budget; the last token of each pair gives its logits,
+in the caller's order.
 
 The cache holds only shared prefixes (nothing attends to a pair's own tokens after its chunk ran), and at most about
 ``CACHE_BATCHES`` batches' worth at a time: a block's prefix tree runs in groups of whole subtrees that fit.
@@ -148,7 +149,8 @@ class DecoderEngine(Engine):
         for batch_chunks in runner.plan(lengths, page_size, max_pages, batch_size):
             batch = pack_chunks([chunks[c] for c in batch_chunks], page_size, b.pad_token_id,
                                 cache_slots=cache.slots if cached is not None else 0,
-                                total_tokens=runner.chunk_tokens(int(lengths[batch_chunks].sum()), page_size, max_pages),
+                                total_tokens=runner.chunk_tokens(int(lengths[batch_chunks].sum()), page_size,
+                                                                 max_pages),
                                 layout="varlen" if runner.choices.attends_packed else "padded")
             logits = runner(batch, cached)
             if out is not None:

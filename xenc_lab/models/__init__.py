@@ -8,6 +8,7 @@ from .bert import BertForSequenceClassification, ElectraForSequenceClassificatio
 from .deberta_v2 import DebertaV2ForSequenceClassification
 from .decoder import DecoderForCausalLM, DecoderForSequenceClassification
 from .distilbert import DistilBertForSequenceClassification
+from .gemma import GemmaForCausalLM
 from .modernbert import ModernBertForSequenceClassification
 
 ARCHITECTURES = {
@@ -21,6 +22,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": DecoderForCausalLM,
     "Qwen2ForCausalLM": DecoderForCausalLM,
     "LlamaForCausalLM": DecoderForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
     "Qwen3ForSequenceClassification": DecoderForSequenceClassification,
     "Qwen2ForSequenceClassification": DecoderForSequenceClassification,
     "LlamaForSequenceClassification": DecoderForSequenceClassification,

@@ -136,7 +136,7 @@ class Attention(nn.Module):
         T, H, KVH, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         qk, v = qkv[:, : (H + KVH) * D].view(T, H + KVH, D), qkv[:, (H + KVH) * D :].view(T, KVH, D)
-        qk = normed_rotated(qk, self.qk_norm_heads if self.qk_norm else None, *rope, choices)  # each head normed, rotated
+        qk = normed_rotated(qk, self.qk_norm_heads if self.qk_norm else None, *rope, choices)  # heads normed, rotated
         q, k = qk[:, :H], qk[:, H:]
         attention = last_token_attention if last else chunk_attention
         return plus(self.o_proj, attention(q, k, v, batch, cache, self.layer, D**-0.5, choices.attention), residual)

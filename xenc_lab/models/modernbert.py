@@ -57,14 +57,14 @@ class Attention(nn.Module):
         if d % config.num_attention_heads:
             raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {config.num_attention_heads}")
         self.num_heads, self.head_dim, self.kind = config.num_attention_heads, d // config.num_attention_heads, kind
-        self.window = config.local_attention if kind == "sliding_attention" else None
+        self.sliding_window = config.local_attention if kind == "sliding_attention" else None
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
     def pads_pairs(self, choices: Choices) -> bool:
         """Flash attention on CUDA runs one query per pair without a window only (``first_token_attention``)."""
         if choices.attention == "varlen":
-            return self.window is not None or not varlen_takes(self.head_dim, self.head_dim**-0.5)
+            return self.sliding_window is not None or not varlen_takes(self.head_dim, self.head_dim**-0.5)
         return not choices.attends_packed
 
     def forward(
@@ -81,11 +81,12 @@ class Attention(nn.Module):
             q = rotate_float32(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
             k, v = kv.view(T, 2, H, -1).unbind(1)
             kv = torch.stack((rotate_float32(k, cos, sin), v), dim=1).view(kv.shape)
-            out = first_token_attention(q, kv, batch, H, choices.attention, scale=scale, window=self.window)
+            out = first_token_attention(q, kv, batch, H, choices.attention, scale=scale,
+                                        sliding_window=self.sliding_window)
         else:
             q, k, v = self.Wqkv(x).view(T, 3, H, -1).unbind(1)  # (T, H, dh) each
             qkv = torch.stack((rotate_float32(q, cos, sin), rotate_float32(k, cos, sin), v), dim=1).view(T, -1)
-            out = packed_attention(qkv, batch, H, choices.attention, scale=scale, window=self.window)
+            out = packed_attention(qkv, batch, H, choices.attention, scale=scale, sliding_window=self.sliding_window)
         return linear_plus(self.Wo, out, residual)
 
 

@@ -1,4 +1,5 @@
-"""Deterministic builders of tiny random decoder-LLM rerankers (Qwen3, Qwen2, Llama; causal LM and seq-cls heads).
+"""Deterministic builders of tiny random decoder-LLM rerankers (Qwen3, Qwen2, Llama, Gemma; causal LM and seq-cls
+heads).
 
 Each build is a Hugging Face directory (config.json, model.safetensors, tokenizer files, chat_template.jinja) that
 ``sentence_transformers.CrossEncoder(path, device="cpu")`` loads offline: a ``*ForCausalLM`` is scored by
@@ -96,12 +97,15 @@ class DecoderSpec:
     architecture: str  # transformers class name, also written to config.architectures
     notes: str
     template: str | None  # the tokenizer's chat template; None: none (plain pair tokenization)
-    tokenizer: str = "qwen2"  # "qwen2": Qwen2Tokenizer (Qwen2/3); "llama": PreTrainedTokenizerFast as Llama 3's
+    tokenizer: str = "qwen2"  # "qwen2": Qwen2Tokenizer (Qwen2/3); "llama": PreTrainedTokenizerFast as Llama 3's;
+    # "gemma": GemmaTokenizer (BPE with byte fallback, spaces as "▁")
     config: tuple = ()  # config values as (key, value) pairs (frozen-friendly)
+    logit_score: tuple = ()  # (true token, false token or None): saved as a CrossEncoder with that LogitScore;
+    # () : no modules.json (sentence-transformers' default, "yes" less "no")
 
 
-def _spec(name, arch, notes, template, tokenizer="qwen2", **config):
-    return DecoderSpec(name, arch, notes, template, tokenizer, tuple(sorted(config.items())))
+def _spec(name, arch, notes, template, tokenizer="qwen2", logit_score=(), **config):
+    return DecoderSpec(name, arch, notes, template, tokenizer, tuple(sorted(config.items())), logit_score)
 
 
 _QWEN3 = {
@@ -116,6 +120,20 @@ _LLAMA = {
     # llama3 scaling over head_dim 16: frequencies of wavelength under 16 kept, over 64 divided by 8, blended between.
     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 64},
+}
+
+# BAAI/bge-reranker-v2-gemma's input: "A: {query}\nB: {passage}\n{prompt}" after the bos, the prompt a system message
+# (sentence-transformers' prompt) or this default.
+GEMMA_PROMPT = ("Given a query A and a passage B, determine whether the passage contains an answer to the query by "
+                "providing a prediction of either 'Yes' or 'No'.")
+GEMMA_RERANKER_TEMPLATE = (
+    f'{{%- set prompt = {_role("system")} | default("{GEMMA_PROMPT}") -%}}\n'
+    f'{{{{ bos_token }}}}A: {{{{ {_role("query")} }}}}\nB: {{{{ {_role("document")} }}}}\n{{{{ prompt }}}}'
+)
+_GEMMA = {
+    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+    "intermediate_size": 128, "max_position_embeddings": 256, "initializer_range": 0.3, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "hidden_act": "gelu_pytorch_tanh", "model_max_length": 1024,
 }
 
 DECODER_SPECS: dict[str, DecoderSpec] = {s.name: s for s in [
@@ -137,6 +155,15 @@ DECODER_SPECS: dict[str, DecoderSpec] = {s.name: s for s in [
     _spec("llama-seq-cls-plain", "LlamaForSequenceClassification",
           "one-label score head, no chat template: pairs tokenized as text pairs (bos $A bos $B)", None,
           tokenizer="llama", tie_word_embeddings=False, model_max_length=1024, **_LLAMA),
+    _spec("gemma-reranker", "GemmaForCausalLM",
+          "bge-reranker-v2-gemma's shape: multi-query attention (4 heads, 1 KV head), head_dim 32 != 64/4, embeddings "
+          "times sqrt(hidden), RMSNorm times 1 + weight, GELU-tanh MLP, tied; A:/B:/prompt template; a CrossEncoder "
+          "save scored on the 'Yes' logit alone (LogitScore false_token_id None)", GEMMA_RERANKER_TEMPLATE,
+          tokenizer="gemma", logit_score=("Yes", None), tie_word_embeddings=True, **_GEMMA),
+    _spec("gemma-yes-no", "GemmaForCausalLM",
+          "Gemma with 4/2 heads, 3 layers, untied lm_head, the A:/B:/prompt template, scored by sentence-transformers' "
+          "default yes/no LogitScore", GEMMA_RERANKER_TEMPLATE, tokenizer="gemma", tie_word_embeddings=False,
+          **{**_GEMMA, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 16}),
 ]}
 
 
@@ -176,6 +203,36 @@ def _bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return train_bpe(corpus() + _template_lines(), vocab_size, SPECIAL + THINK)
 
 
+@functools.cache
+def _gemma_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A BPE as Gemma's tokenizer runs it (spaces as "▁", no pre-tokenizer split), trained on the corpus and the
+    template's text; then the byte-fallback tokens <0x00>..<0xFF> and the verdict words, whole, at the end."""
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"],
+                                  show_progress=False, max_token_length=16)
+    tok.train_from_iterator(corpus() + [GEMMA_PROMPT, "A: what is it?\nB: it is."] * 20, trainer)
+    model = json.loads(tok.to_str())["model"]
+    vocab = dict(model["vocab"])
+    for piece in [f"<0x{b:02X}>" for b in range(256)] + ["Yes", "No", "yes", "no"]:
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return vocab, merges
+
+
+def gemma_tokenizer(max_len: int, template: str | None, vocab_size: int = 1500):
+    """A GemmaTokenizer over ``_gemma_bpe``: bos <bos>, eos <eos>, pad <pad>, unk <unk>; ``template`` its chat
+    template."""
+    import transformers as tf
+
+    vocab, merges = _gemma_bpe(vocab_size)
+    tokenizer = tf.GemmaTokenizer(vocab=dict(vocab), merges=list(merges), model_max_length=max_len)
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
 def qwen2_tokenizer(vocab: dict[str, int], merges: list, max_len: int, template: str | None):
     """A Qwen2Tokenizer over a trained BPE as Qwen2/3's: eos <|im_end|>, pad <|endoftext|>, no bos, no unk, the
     <think> tags added (not special), ``template`` as its chat template."""
@@ -196,6 +253,8 @@ def build_tokenizer(kind: str, max_len: int, template: str | None, vocab_size: i
     <|endoftext|>), with ``template`` as its chat template."""
     import transformers as tf
 
+    if kind == "gemma":
+        return gemma_tokenizer(max_len, template, vocab_size)
     vocab, merges = _bpe(vocab_size)
     if kind == "qwen2":
         tokenizer = qwen2_tokenizer(vocab, merges, max_len, template)
@@ -246,10 +305,24 @@ def _build_into(spec: DecoderSpec, out: pathlib.Path, seed: int, overrides: dict
                bos_token_id=tokenizer.bos_token_id)
     if spec.architecture.endswith("ForSequenceClassification"):
         cfg.setdefault("num_labels", 1)
-    model_type = {"Qwen3": "qwen3", "Qwen2": "qwen2", "Llama": "llama"}[spec.architecture.split("For")[0]]
+    model_type = {"Qwen3": "qwen3", "Qwen2": "qwen2", "Llama": "llama", "Gemma": "gemma"}[
+        spec.architecture.split("For")[0]]
     config = tf.AutoConfig.for_model(model_type, **cfg)
     config.architectures = [spec.architecture]
     save_seeded(config, tokenizer, out, seed, prepare=lambda m: _perturb_(m, torch))
+    if spec.logit_score:
+        _save_logit_score(out, tokenizer, *spec.logit_score)
+
+
+def _save_logit_score(out: pathlib.Path, tokenizer, true_token: str, false_token: str | None) -> None:
+    """Save the checkpoint at ``out`` again as sentence-transformers' CrossEncoder with a LogitScore of these tokens
+    (a Transformer and a LogitScore module: modules.json), as a reranker such as bge-reranker-v2-gemma is saved."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.cross_encoder.modules import LogitScore, Transformer
+
+    ids = [tokenizer.convert_tokens_to_ids(t) if t is not None else None for t in (true_token, false_token)]
+    modules = [Transformer(str(out), transformer_task="text-generation"), LogitScore(*ids)]
+    CrossEncoder(modules=modules, device="cpu").save(str(out))
 
 
 def build_decoder(name: str, root: pathlib.Path, *, seed: int = 0, **config_overrides) -> pathlib.Path:
