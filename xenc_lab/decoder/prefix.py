@@ -1,5 +1,5 @@
-"""Shared prefixes of an input block's pairs, found on token ids: a prefix tree whose inner nodes are token runs that two or
-more pairs begin with, computed once into the KV cache, and whose leaves are each pair's own tokens.
+"""Shared prefixes of an input block's pairs, found on token ids: a prefix tree whose inner nodes are token runs that
+two or more pairs begin with, computed once into the KV cache, and whose leaves are each pair's own tokens.
 
 Ids, not strings: tokenization can merge across the boundary of a query and a document (a query's last punctuation
 with the newline after it), so the shared part is whatever the pairs' ids have in common, found by sorting them.
