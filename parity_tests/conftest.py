@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, settings
 
 from xenc_lab import Scorer
 from xenc_lab.zoo import cache_dir, minilm_cross_encoder
+from xenc_lab.zoo.encoders import build_model
 
-from .decoder_zoo import DECODER_SPECS, build_decoder
+from xenc_lab.zoo.decoders import DECODER_SPECS, build_decoder
 from .report import ParityRecorder
 
 # "ci" (the default) is sized for a 2-core CI machine: about 12 minutes of parity properties there, most of it
@@ -37,9 +38,7 @@ ROOT = cache_dir() / "parity"
 
 
 def _zoo(name: str) -> Path:
-    from . import zoo
-
-    return zoo.build_model(name, ROOT)
+    return build_model(name, ROOT)
 
 
 # name in reports -> builder of the checkpoint directory
@@ -63,7 +62,7 @@ def _decoder(name: str) -> Path:
     return build_decoder(name, ROOT)
 
 
-# Decoder-LLM rerankers (parity_tests/decoder_zoo.py), proven by test_decoder_parity.py; name in reports -> builder.
+# Decoder-LLM rerankers (xenc_lab/zoo/decoders.py), proven by test_decoder_parity.py; name in reports -> builder.
 # Not in ARCHS: the encoder properties (token type ids, prepacked per-pair linears, SDPA paths) are not theirs.
 DECODERS = {name: functools.partial(_decoder, name) for name in DECODER_SPECS}
 
@@ -100,6 +99,14 @@ RECORDER = ParityRecorder()
 @pytest.fixture(scope="session")
 def recorder() -> ParityRecorder:
     return RECORDER
+
+
+def pytest_collection_modifyitems(config, items):
+    # Every test here is marked ``parity``: `xenc-lab report parity` selects the suite by it (pytest -m parity).
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.parity)
 
 
 def pytest_sessionfinish(session, exitstatus):

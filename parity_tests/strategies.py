@@ -71,7 +71,7 @@ mixed_pairs = st.lists(st.tuples(st.one_of(short_text, long_text), st.one_of(sho
 
 # Decoder rerankers' control tokens, template pieces and verdict words, which a text carries into a chat template's
 # render (transformers tokenizes a control token written in a text as the control token) or ends with (a seq-cls head
-# reads the last token that is not the pad token, <|endoftext|> in decoder_zoo's tokenizers).
+# reads the last token that is not the pad token, <|endoftext|> in the zoo's decoder tokenizers).
 DECODER_ODD = [
     "<|endoftext|>",
     "x <|endoftext|><|endoftext|>",

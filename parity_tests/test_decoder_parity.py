@@ -1,6 +1,6 @@
 """Properties that prove xenc_lab scores decoder-LLM rerankers as sentence-transformers' CrossEncoder does.
 
-Every spec of decoder_zoo.DECODER_SPECS (conftest.DECODERS): Qwen3/Qwen2/Llama causal LMs scored as logit("yes") -
+Every spec of xenc_lab.zoo.decoders.DECODER_SPECS (conftest.DECODERS): Qwen3/Qwen2/Llama causal LMs scored as logit("yes") -
 logit("no") at the last token (ST's LogitScore), and Qwen3/Llama sequence classifiers, behind chat templates of
 different shapes (and one without a template). The oracle is ``CrossEncoder(path, device="cpu",
 model_kwargs={"dtype": torch.float32})``.
@@ -50,8 +50,8 @@ from xenc_lab.cpu.info import native_half_units
 
 from . import strategies as S
 from .conftest import DECODERS, DEVICE, ROOT, model_dir, scorer
-from .decoder_zoo import CHATML_TEMPLATE, DECODER_SPECS, without_yes_no
-from .zoo import SPREAD_PAIRS
+from xenc_lab.zoo.decoders import CHATML_TEMPLATE, DECODER_SPECS, without_yes_no
+from xenc_lab.zoo.corpus import SPREAD_PAIRS
 
 IDENTITY = torch.nn.Identity()
 NAMES = list(DECODERS)
@@ -213,9 +213,9 @@ def test_activated_scores_equal_crossencoder(name, pairs, softmax, recorder):
 
 def small_max_length(name: str, which) -> int:
     """A max_length for ``name``: "least" (its template's suffix and one token: a cut row is almost all suffix),
-    "least+5", or a number."""
+    "least+5", or a number of tokens past "least" where the template alone is longer (Gemma's prompt)."""
     least = scorer(name).tokenizer.specials
-    return {"least": least, "least+5": least + 5}.get(which, which)
+    return {"least": least, "least+5": least + 5}.get(which, which if which > least else least + which)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,6 +1,6 @@
 """Session fixtures: tiny random BERT cross-encoders (1 and 3 labels), our Scorer and the CrossEncoder oracle on each.
 
-The models are parity_tests/zoo.py's ``bert-minilm-tokenizer`` specs (``build_tiny``): 2 layers, 32 wide, 64 positions,
+The models are xenc_lab.zoo.encoders' ``bert-minilm-tokenizer`` specs (``build_tiny``): 2 layers, 32 wide, 64 positions,
 MiniLM-L6's tokenizer, seed 0."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from parity_tests.zoo import build_tiny  # noqa: E402
+from xenc_lab.zoo.encoders import build_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="session")

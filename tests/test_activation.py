@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from torch import nn
 
-from parity_tests.zoo import build_tiny
+from xenc_lab.zoo.encoders import build_tiny
 from xenc_lab import Scorer
 
 from .activations import ScaledTanh

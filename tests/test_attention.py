@@ -148,7 +148,7 @@ def test_packed_attention_with_a_window_equals_banded_sdpa_on_each_pair_alone(pa
     batch = pack(enc, pairs, page_size)
     d = num_heads * head_dim
     qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed))
-    out = packed_attention(qkv, batch, num_heads, path, scale=scale, window=window)
+    out = packed_attention(qkv, batch, num_heads, path, scale=scale, sliding_window=window)
     cu = batch.cu_seqlens.tolist()
     for b, (s, e) in enumerate(itertools.pairwise(cu)):
         n = e - s
@@ -166,9 +166,9 @@ def test_first_token_attention_equals_the_first_row_of_packed_attention(path, ca
     batch = pack(enc, pairs, page_size)
     d = num_heads * head_dim
     qkv = torch.randn(batch.input_ids.shape[0], 3 * d, generator=torch.Generator().manual_seed(seed)) * 2
-    full = packed_attention(qkv, batch, num_heads, path, scale=scale, window=window)
+    full = packed_attention(qkv, batch, num_heads, path, scale=scale, sliding_window=window)
     first = first_token_attention(qkv[batch.first_index, :d], qkv[:, d:], batch, num_heads, path, scale=scale,
-                                  window=window)
+                                  sliding_window=window)
     P = len(pairs)
     assert first.shape == (batch.seq_lens.shape[0], d)
     torch.testing.assert_close(first[:P], full[batch.first_index[:P]], atol=1e-5, rtol=1e-5)

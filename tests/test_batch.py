@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenc_lab.batch import ATTENTION_ALIGN, MIN_SEQUENCES, pack
+from xenc_lab.batch import ATTENTION_ALIGN, MIN_ROWS, pack
 from xenc_lab.pages import pages_for
 from xenc_lab.tokenize import Encodings
 
@@ -54,7 +54,7 @@ def test_pack_lays_each_pairs_ids_contiguously_in_batch_order(case):
         if enc.type_ids is not None:
             assert b.token_type_ids[s:e].tolist() == enc.type_ids[enc.offsets[p] : enc.offsets[p + 1]].tolist()
     assert (enc.type_ids is None) == (b.token_type_ids is None)
-    P, B = len(pairs), max(len(pairs), MIN_SEQUENCES)
+    P, B = len(pairs), max(len(pairs), MIN_ROWS)
     assert b.seq_lens.tolist() == enc.lengths[pairs].tolist() + [1] * (B - P)  # filler sequences: one token
     assert b.num_tokens == int(enc.lengths[pairs].sum()) == spans[-1][1]
     assert b.first_index.tolist() == [s for s, _ in spans] + [0] * (B - P)
@@ -92,7 +92,7 @@ def test_pack_positions_restart_at_zero_for_every_pair(case):
 def test_pack_pad_index_with_key_mask_reproduces_each_pairs_tokens(case):
     enc, pairs, page_size = case
     b = pack(enc, pairs, page_size, PAD)
-    B, L = max(len(pairs), MIN_SEQUENCES), b.max_seqlen
+    B, L = max(len(pairs), MIN_ROWS), b.max_seqlen
     assert b.key_mask.shape == (B, 1, 1, L) and b.key_mask.dtype == torch.bool
     assert b.key_mask[len(pairs) :, 0, 0].sum(-1).eq(1).all()  # a filler sequence sees one slot
     padded = b.input_ids[b.pad_index].view(B, L)
@@ -108,7 +108,7 @@ def test_pack_pad_index_with_key_mask_reproduces_each_pairs_tokens(case):
 def test_pack_unpad_index_takes_the_padded_layout_back_to_the_stream(case):
     enc, pairs, page_size = case
     b = pack(enc, pairs, page_size, PAD)
-    B, L, T = max(len(pairs), MIN_SEQUENCES), b.max_seqlen, b.input_ids.shape[0]
+    B, L, T = max(len(pairs), MIN_ROWS), b.max_seqlen, b.input_ids.shape[0]
     x = torch.randn(T, 3)  # features, not just ids: every token distinct
     padded = x[b.pad_index].view(B, L, 3)
     back = padded.reshape(B * L, 3)[b.unpad_index]

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parity_tests import strategies as S
-from parity_tests.decoder_zoo import CHATML_TEMPLATE, DECODER_SPECS, build_decoder, without_yes_no
-from xenc_lab.chat import ChatPairTokenizer, pair_tokenizer, score_tokens
+from xenc_lab.decoder.chat import ChatPairTokenizer, pair_tokenizer, score_tokens
+from xenc_lab.zoo.decoders import CHATML_TEMPLATE, DECODER_SPECS, build_decoder, without_yes_no
 from xenc_lab.loader import load_config
 from xenc_lab.st_format import read_cross_encoder_save
 from xenc_lab.tokenize import PairTokenizer

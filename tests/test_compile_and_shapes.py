@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xenc_lab import Scorer
-from xenc_lab.batch import MIN_SEQUENCES, pack
+from xenc_lab.batch import MIN_ROWS, pack
 from xenc_lab.bench.workloads import make_pairs
 from xenc_lab.choices import resolve
 from xenc_lab.models import PackedModel
@@ -42,7 +42,7 @@ def test_bucket_shape_holds_the_batch_in_whole_pages_within_the_budget(lengths, 
     assert L <= 2 * max(longest, page_size) + page_size + ATTENTION_ALIGN if bucket_length else L == exact
     enc = Encodings(np.ones(tokens, dtype=np.int64), None, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
     batch = pack(enc, np.arange(pairs), page_size, 0, (T, B, L))
-    assert (batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen) == (T, max(B, MIN_SEQUENCES), L)
+    assert (batch.input_ids.shape[0], batch.seq_lens.shape[0], batch.max_seqlen) == (T, max(B, MIN_ROWS), L)
 
 
 @pytest.mark.parametrize("bucket_length", [True, False])
@@ -265,7 +265,7 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
 def test_a_model_pads_pairs_where_its_attention_lays_them_out_padded(name, pads, tmp_path, monkeypatch):
     """Attention on the packed stream (the CPU kernel) leaves batches free to mix lengths; SDPA and DeBERTa's
     relative positions lay the pairs out (pairs, longest pair), and their batches keep ATTENTION_SLACK."""
-    from parity_tests.zoo import build_model
+    from xenc_lab.zoo.encoders import build_model
     from xenc_lab.cpu import native
 
     if not native.available():

@@ -184,7 +184,7 @@ def test_rope_is_the_qk_norm_and_apply_rotary_pos_emb(dtype, head_dim, normed):
     want = torch.cat([q, k], dim=1)[0].transpose(0, 1)  # (T, heads + kv_heads, D)
     weight = torch.cat([q_norm.weight.expand(heads, -1), k_norm.weight.expand(kv_heads, -1)]).detach().contiguous()
     half = head_dim // 2
-    negated = torch.cat((-sin[:, :half], sin[:, half:]), -1)  # the first half's sines negated (models.decoder.rotate)
+    negated = torch.cat((-sin[:, :half], sin[:, half:]), -1)  # the first half's sines negated (ops.rotary.rotate)
     out = kernels.rope_cpu(qk, weight if normed else None, 1e-6, cos, negated)
     assert_rounding_close(out, want.contiguous())
     # The test can fail: the sines' halves swapped give other values.

@@ -26,8 +26,8 @@ from transformers import (
     Qwen3ForSequenceClassification,
 )
 
-from xenc_lab.chunks import Chunk, pack_chunks
-from xenc_lab.kv_cache import KVCache
+from xenc_lab.decoder.chunks import Chunk, pack_chunks
+from xenc_lab.decoder.kv_cache import KVCache
 from xenc_lab.loader import build_model, load_config, load_model
 from xenc_lab.models.decoder import DecoderForCausalLM, head_dim_of
 

@@ -189,7 +189,7 @@ def test_a_model_path_reranks_as_its_scorer_does(tiny_dir, scorer):
 
 
 def test_a_decoder_reranker_shares_each_querys_prefix_across_its_candidates(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
     from xenc_lab import Scorer
 
     scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3")), device="cpu")

@@ -336,7 +336,7 @@ def test_a_saved_max_length_the_positions_cannot_embed_is_refused_naming_where_i
 def test_a_roberta_tokenizer_without_model_max_length_is_capped_at_the_positions_it_can_embed(tmp_path, caplog):
     from sentence_transformers import CrossEncoder
 
-    from parity_tests.zoo import build_model
+    from xenc_lab.zoo.encoders import build_model
 
     path = build_model("roberta", tmp_path)
     config = json.loads((path / "tokenizer_config.json").read_text())

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from parity_tests import strategies as S
 from xenc_lab import Scorer, engine
-from xenc_lab.windows import aggregate, spans, windowed_pairs
+from xenc_lab.long_documents import aggregate, spans, windowed_pairs
 
 LONG = " ".join(S.WORDS * 2)  # about 240 tokens: several windows at max_length 64
 PAIRS = [
@@ -170,9 +170,9 @@ def test_max_is_never_below_truncate_the_first_windows_scoring_as_the_truncated_
     assert torch.equal(first_window_logits(scorer, pairs, stride), scorer.logits(pairs))
 
 
-def test_windows_of_pairs_split_across_the_engines_windows_keep_their_pairs(scorer, monkeypatch):
+def test_windows_of_pairs_split_across_the_engines_input_blocks_keep_their_pairs(scorer, monkeypatch):
     want = {mode: scorer.predict(PAIRS * 3, long_documents=mode) for mode in ("max", "mean")}
-    monkeypatch.setattr(engine, "WINDOW", 2)  # pairs tokenized two at a time: the rows' pairs offset per window
+    monkeypatch.setattr(engine, "INPUT_BLOCK", 2)  # pairs tokenized two at a time: the rows' pairs offset per block
     for mode, scores in want.items():
         assert np.array_equal(scorer.predict(PAIRS * 3, long_documents=mode), scores), mode
 
@@ -271,7 +271,7 @@ DECODER_PAIRS = [("what is a river", " ".join(S.WORDS)), ("q", "a short document
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
 
     return build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3"))
 
@@ -322,7 +322,7 @@ def test_a_decoders_windows_keep_the_template_around_slices_of_the_document_cove
 def test_a_decoders_modes_first_equals_truncate_and_max_and_mean_are_those_of_transformers(qwen3, decoder):
     from transformers import AutoModelForCausalLM
 
-    from xenc_lab.chat import score_tokens
+    from xenc_lab.decoder.chat import score_tokens
 
     truncated = decoder.predict(DECODER_PAIRS)
     got = {mode: decoder.predict(DECODER_PAIRS, long_documents=mode) for mode in ("first", "max", "mean")}

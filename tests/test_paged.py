@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenc_lab.chunks import Chunk, pack_chunks
-from xenc_lab.kv_cache import KVCache, PageAllocator
+from xenc_lab.decoder.chunks import Chunk, pack_chunks
+from xenc_lab.decoder.kv_cache import KVCache, PageAllocator
 from xenc_lab.ops.paged_attention import chunk_attention
-from xenc_lab.prefix import no_sharing, prefix_tree, split_long
+from xenc_lab.decoder.prefix import no_sharing, prefix_tree, split_long
 from xenc_lab.tokenize import Encodings
 
 
@@ -188,7 +188,6 @@ def test_the_varlen_layout_gives_the_padded_layouts_attention(monkeypatch, last,
 
     if path == "flash":
         monkeypatch.setattr(paged_attention, "varlen_attn", _flash_reference)
-        monkeypatch.setattr(paged_attention, "_kernel_runs", lambda q: False)
     elif not native.available():
         pytest.skip("the native kernels could not be built here")
     else:
@@ -208,7 +207,8 @@ def test_the_varlen_layout_gives_the_padded_layouts_attention(monkeypatch, last,
         q, k, v = _qkv(tokens, positions)
         pad = lambda x, t=batch.input_ids.shape[0]: torch.cat([x, x.new_zeros(t - len(x), *x.shape[1:])])
         attend = last_token_attention if last else chunk_attention
-        outs[layout] = attend(pad(q), pad(k), pad(v), batch, cache, 0, 0.3)
+        attention = "sdpa" if layout == "padded" else "varlen" if path == "flash" else "kernel"  # Choices.attention
+        outs[layout] = attend(pad(q), pad(k), pad(v), batch, cache, 0, 0.3, attention)
     rows = len(chunks) if last else len(tokens)
     torch.testing.assert_close(outs["varlen"][:rows], outs["padded"][:rows], rtol=0, atol=1e-6)
     if not last:

@@ -220,7 +220,7 @@ def _hammer(scorer, sets, rounds=3):
 def test_threads_sharing_a_scorer_get_the_scores_of_sequential_calls(kind, scorer, tmp_path_factory):
     # A decoder without the Scorer's lock: threads take each other's KV-cache pages ("2 pages asked for, 0 free").
     if kind == "decoder":
-        from parity_tests.decoder_zoo import build_decoder
+        from xenc_lab.zoo.decoders import build_decoder
 
         scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3")), device="cpu")
     sets = [PAIRS[i::6] for i in range(6)]
@@ -236,7 +236,7 @@ def test_threads_sharing_a_scorer_get_the_scores_of_sequential_calls(kind, score
 def test_a_keyboard_interrupt_mid_run_leaves_the_scorer_usable_and_right(kind, tiny_dir, tmp_path_factory,
                                                                          monkeypatch):
     if kind == "decoder":
-        from parity_tests.decoder_zoo import build_decoder
+        from xenc_lab.zoo.decoders import build_decoder
 
         tiny_dir = build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3i"))
     scorer = Scorer(tiny_dir, device="cpu", max_batch_tokens=256)  # small batches: the third comes mid-run

@@ -84,11 +84,11 @@ def test_predict_scores_do_not_depend_on_batch_size(scorer, pairs):
         np.testing.assert_allclose(scorer.predict(pairs, batch_size=batch_size), want, rtol=0, atol=1e-6)
 
 
-def test_predict_scores_do_not_depend_on_the_tokenization_window(scorer, pairs, monkeypatch):
+def test_predict_scores_do_not_depend_on_the_input_block(scorer, pairs, monkeypatch):
     import xenc_lab.engine
 
     want = scorer.predict(pairs)
-    monkeypatch.setattr(xenc_lab.engine, "WINDOW", 3)  # windows of 3, 3, and the rest
+    monkeypatch.setattr(xenc_lab.engine, "INPUT_BLOCK", 3)  # blocks of 3, 3, and the rest
     np.testing.assert_allclose(scorer.predict(pairs), want, rtol=0, atol=1e-6)
 
 

@@ -297,7 +297,7 @@ def test_queued_requests_with_the_same_options_share_one_predict_call_and_each_g
 
 
 def test_a_decoder_reranker_shares_the_querys_prefix_and_serves_predicts_scores(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
 
     scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("decoder")), device="cpu")
     docs = [f"passage {i} about rivers and mountains" for i in range(8)]
@@ -373,7 +373,7 @@ def test_no_request_generated_from_the_openapi_schema_gets_a_server_error(served
 
 
 def test_a_served_decoder_never_asks_the_file_system_about_a_text(tmp_path, monkeypatch):
-    import xenc_lab.chat as chat
+    import xenc_lab.decoder.chat as chat
 
     looked = []
     monkeypatch.setattr(chat.os.path, "isfile", lambda p: looked.append(p) or True)

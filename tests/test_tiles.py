@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xenc_lab.batch import pack
-from xenc_lab.cpu import attention_paths as tuning
+from xenc_lab import attention_paths as tuning
 from xenc_lab.cpu import kernels, native
 from xenc_lab.cpu.info import CpuInfo, cpu_info
 from xenc_lab.ops.attention import packed_attention

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from xenc_lab.cpu import attention_paths as tuning
+from xenc_lab import attention_paths as tuning
 from xenc_lab.cpu import kernels, native
 from xenc_lab.cpu.info import CpuInfo
 

@@ -1,7 +1,13 @@
-"""Stage 3: pack one planned batch into the flat tensors the model runs on. One host->device copy."""
+"""Stage 3: pack one planned batch into the flat tensors the model runs on. One host->device copy.
+
+``StreamBatch`` is what every packed batch shares (an encoder's ``PackedBatch`` here, a decoder's
+``decoder.chunks.ChunkBatch``): a token stream of whole pages, at least ``MIN_ROWS`` rows for the last GEMMs, its
+(T, sequences, L) shape, one copy to the device. Their shapes are bucketed in ``pages`` (``bucket_shape``,
+``bucket_tokens``).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -9,16 +15,43 @@ import torch
 from .pages import ATTENTION_ALIGN, pages_for
 from .tokenize import Encodings
 
-# A batch has at least this many sequences (filler past the pairs): the last layer's GEMMs run over one row
-# per sequence, and MKL rounds GEMMs of fewer than about 12 rows differently from the large ones (measured),
-# which would make a pair's score depend on its batchmates and on its row.
-MIN_SEQUENCES = 16
+# A batch gives the last GEMMs (the last layer past attention, the head) at least this many rows (filler past the
+# pairs): MKL rounds GEMMs of fewer than about 12 rows differently from the large ones (measured), which would make
+# a pair's score depend on its batchmates and on its row.
+MIN_ROWS = 16
+
+
+def rows_for(pairs: int) -> int:
+    """The rows a batch of ``pairs`` scored pairs runs its last GEMMs on."""
+    return max(MIN_ROWS, pairs)
+
+
+class StreamBatch:
+    """What every packed batch has: ``input_ids`` (T,), ``max_seqlen`` (L), ``pairs`` (P,) and its sequences."""
+
+    __slots__ = ()
+
+    @property
+    def sequences(self) -> int:
+        raise NotImplementedError
+
+    def shape(self) -> tuple[int, int, int]:
+        """(T, sequences, L), the shape the runner records."""
+        return self.input_ids.shape[0], self.sequences, self.max_seqlen
+
+    def to(self, device: torch.device):
+        """The batch with its tensors on ``device`` (copies queued without waiting)."""
+        moved = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            moved[field.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        return type(self)(**moved)
 
 
 @dataclass(slots=True)
-class PackedBatch:
+class PackedBatch(StreamBatch):
     """P pairs laid end to end as one token stream of T tokens (T a whole number of pages), as B >= P
-    sequences: past the pairs come filler sequences (up to MIN_SEQUENCES, or a compiled shape).
+    sequences: past the pairs come filler sequences (up to MIN_ROWS, or a compiled shape).
 
     Tokens past the last pair (the filler of the last page) belong to no pair. For attention, which runs
     per pair, ``pad_index`` lays the stream out as (B, L) and ``unpad_index`` takes it back.
@@ -39,16 +72,9 @@ class PackedBatch:
     pairs: np.ndarray  # (P,) which input pair each sequence is; sequences past P are shape filler
     num_tokens: int  # real tokens, without the filler
 
-    def shape(self) -> tuple[int, int, int]:
-        """(T, B, L), the shape the runner records."""
-        return self.input_ids.shape[0], self.seq_lens.shape[0], self.max_seqlen
-
-    def to(self, device: torch.device) -> PackedBatch:
-        moved = {}
-        for name in self.__slots__:
-            value = getattr(self, name)
-            moved[name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        return PackedBatch(**moved)
+    @property
+    def sequences(self) -> int:
+        return self.seq_lens.shape[0]  # B
 
 
 def pack(
@@ -60,7 +86,7 @@ def pack(
 ) -> PackedBatch:
     """Lay the pairs end to end. ``shape`` = (T, B, L) pads the batch to a fixed shape (for compiled
     forwards): filler tokens, and filler sequences that each see only the stream's first token. There are
-    filler sequences up to MIN_SEQUENCES in any case."""
+    filler sequences up to MIN_ROWS in any case."""
     lens = enc.lengths[pairs]
     n_real = int(lens.sum())
     total = pages_for(n_real, page_size) * page_size
@@ -87,7 +113,7 @@ def pack(
         token_type_ids[:n_real] = enc.type_ids[src]
 
     seq_lens, first = lens, starts[:-1]
-    n_seq = max(MIN_SEQUENCES, len(pairs) if shape is None else shape[1])
+    n_seq = rows_for(len(pairs) if shape is None else shape[1])
     if n_seq > len(pairs):
         extra = n_seq - len(pairs)
         seq_lens = np.concatenate([lens, np.ones(extra, dtype=np.int64)])

@@ -9,7 +9,7 @@ import torch
 
 from . import settings
 from .cpu import gemm, kernels, native
-from .cpu.attention_paths import cpu_attention_path
+from .attention_paths import cpu_attention_path
 from .ops.attention import varlen_runs
 
 
@@ -29,6 +29,11 @@ class Choices:
     def attends_packed(self) -> bool:
         """Whether attention runs on the packed stream itself (else on pairs laid out padded, for SDPA)."""
         return self.attention != "sdpa"
+
+    @property
+    def row_kernels(self) -> bool:
+        """Whether eager forwards may run xenc_lab's CPU row kernels (decoders' RMSNorm and rotary positions)."""
+        return self.device == "cpu"
 
 
 def resolve(

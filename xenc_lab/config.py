@@ -1,4 +1,8 @@
-"""The one configuration object of a Scorer (what to load and how to batch it), and the checks of its arguments."""
+"""The one configuration object of a Scorer (what to load and how to batch it), and the checks of its arguments.
+
+Three records, three words: ``config`` (``ScorerConfig``, here) is what the caller asked for; ``settings`` is what
+the environment forces (``XENC_LAB_*``); ``choices`` (``choices.Choices``) is what the engine decided from both, the
+device and the model, once at load."""
 from __future__ import annotations
 
 import numbers

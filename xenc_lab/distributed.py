@@ -161,10 +161,10 @@ class RayScorer:
     a Dataset scored by ``score_dataset``. One-label models; worth it for calls of many thousands of pairs."""
 
     def __init__(self, model, *, concurrency: int = 1, num_cpus: float | None = None, **options):
-        from .loader import architecture_of, load_config, resolve
+        from .loader import family_of, load_config, resolve
 
         config = load_config(resolve(model))
-        self.num_labels = 1 if architecture_of(config).endswith("ForCausalLM") else int(config.num_labels)
+        self.num_labels = family_of(config).num_labels_of(config)
         if self.num_labels != 1:
             raise ValueError(f"RayScorer scores one-label models; this one has {self.num_labels} labels")
         self.model, self.concurrency, self.num_cpus, self.options = model, concurrency, num_cpus, options

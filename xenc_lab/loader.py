@@ -72,32 +72,21 @@ def architecture_of(config: PretrainedConfig) -> str:
     return archs[0]
 
 
-def position_limit(config: PretrainedConfig) -> int | None:
-    """The longest pair the model can embed: its position table (less RoBERTa's offset of padding_idx + 1);
-    None where positions are only relative or rotary."""
-    arch = architecture_of(config)
-    if arch == "ModernBertForSequenceClassification":
-        return None
-    if arch == "DebertaV2ForSequenceClassification" and not getattr(config, "position_biased_input", True):
-        return None
-    if arch in ("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification"):
-        return config.max_position_embeddings - config.pad_token_id - 1
-    return config.max_position_embeddings
-
-
-def is_decoder(architecture: str) -> bool:
-    """Whether xenc_lab runs ``architecture`` as a decoder (causal attention, a paged KV cache)."""
-    return architecture in ARCHITECTURES and ARCHITECTURES[architecture].causal
-
-
-def build_model(config: PretrainedConfig) -> PackedModel:
+def family_of(config: PretrainedConfig) -> type[PackedModel]:
+    """The packed model class of the config's architecture (``models.ARCHITECTURES``): its contract, encoder or
+    decoder, and what its family declares before any weight is read."""
     arch = architecture_of(config)
     if arch not in ARCHITECTURES:
         raise ValueError(
             f"architecture {arch!r} is not supported by the packed engine; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
+    return ARCHITECTURES[arch]
+
+
+def build_model(config: PretrainedConfig) -> PackedModel:
+    family = family_of(config)
     with torch.device("meta"):
-        model = ARCHITECTURES[arch](config)
+        model = family(config)
     return model
 
 

@@ -1,4 +1,4 @@
-"""Stage 2: plan batches of whole pages. Plain host-side integers; no tensors here.
+"""Stage 2: plan batches of whole pages, and the shapes they are padded to. Plain host-side integers; no tensors here.
 
 A batch's token stream is its pairs laid end to end with no padding, rounded up to whole pages of
 ``page_size`` tokens; a batch holds at most ``max_pages`` pages. Pairs are taken longest first so that
@@ -56,6 +56,8 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+# Both bucketing policies live here: ``bucket_shape`` for encoders' batches of pairs (tokens, pairs and the attention
+# length quantized together) and ``bucket_tokens`` for decoders' batches of chunks (the stream length alone).
 def bucket_shape(
     tokens: int,
     pairs: int,
@@ -80,3 +82,13 @@ def bucket_shape(
     else:
         length = _round_up(longest + 1, ATTENTION_ALIGN)
     return pages * page_size, 1 << (pairs - 1).bit_length(), length
+
+
+def bucket_tokens(tokens: int, page_size: int, max_pages: int) -> int:
+    """The stream length of a decoder's batch of ``tokens`` real tokens under bucketed shapes: whole pages up to a
+    16th of the budget, then a multiple of a 64th of the budget: at most about 80 lengths. A decoder's batches are
+    often small (a shared prefix, a rerank's last documents): ``bucket_shape``'s eighths would pad them to several
+    times their size."""
+    pages = pages_for(tokens, page_size)
+    step = 1 if pages <= max_pages // 16 else max(1, max_pages // 64)
+    return min(_round_up(pages, step), max_pages) * page_size

@@ -7,11 +7,10 @@ import time
 import numpy as np
 import torch
 
-from .batch import PackedBatch
+from .batch import StreamBatch
 from .choices import Choices
-from .chunks import ChunkBatch
 from .models import PackedModel
-from .pages import ATTENTION_SLACK, bucket_shape, plan_batches
+from .pages import ATTENTION_SLACK, bucket_shape, bucket_tokens, plan_batches
 
 
 def _graphs_compiled() -> int:
@@ -26,7 +25,7 @@ class ModelRunner:
 
     Batch shapes (``choices.batch_shapes``, the (T, B, L) that ``batch_shape`` gives a batch):
     - ``"bucketed"``, the CPU's: tokens up to a multiple of an eighth of the budget, sequences up to a power of two,
-      the attention length the batch's own. oneDNN keeps what it builds for each GEMM shape it meets, so a shape per
+      the attention length the batch's own (a decoder's chunks: the stream length alone, ``chunk_tokens``). oneDNN keeps what it builds for each GEMM shape it meets, so a shape per
       batch made memory grow with the input (docs/cpu-backends.md).
     - ``"graphs"``, compile=True on CUDA: a CUDA graph per shape, which must be static, so the attention length is
       bucketed too: a long run records a handful of graphs.
@@ -66,6 +65,10 @@ class ModelRunner:
         return bucket_shape(int(lengths.sum()), len(lengths), int(lengths.max()), page_size, max_pages,
                             bucket_length=self.batch_shapes == "graphs")
 
+    def chunk_tokens(self, tokens: int, page_size: int, max_pages: int) -> int | None:
+        """The stream length to pad a decoder's batch of ``tokens`` real tokens to, or None: its own."""
+        return bucket_tokens(tokens, page_size, max_pages) if self.batch_shapes == "bucketed" else None
+
     def _compile_options(self) -> dict:
         """Inductor's options: on CUDA those of mode "reduce-overhead" (CUDA graphs; torch.compile takes a mode or
         options, not both). Everywhere, inductor keeps the roundings to bf16/fp16 that eager code does
@@ -81,7 +84,7 @@ class ModelRunner:
         return options
 
     @torch.inference_mode()
-    def __call__(self, batch: PackedBatch | ChunkBatch, *state) -> torch.Tensor:
+    def __call__(self, batch: StreamBatch, *state) -> torch.Tensor:
         """(P, num_labels) logits for the batch's pairs, in the batch's order (shape filler dropped). ``state``: what
         else the model's forward takes (a decoder's KV cache)."""
         self.shapes.add(batch.shape())

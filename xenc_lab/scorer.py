@@ -15,13 +15,12 @@ import torch
 from tqdm.auto import tqdm
 
 from . import settings
-from .chat import ChatPairTokenizer, pair_tokenizer, score_tokens
 from .config import ScorerConfig, check_call_device, resolve_device, share_prefix_of, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
-from .decoder_engine import TokenCounts, run_decoder_pairs
-from .engine import WINDOW, gathered, run_pairs
-from .kv_cache import KVCache
-from .loader import architecture_of, is_decoder, load_config, load_model, position_limit, resolve
+from .decoder.chat import ChatPairTokenizer, pair_tokenizer, score_tokens
+from .engine import INPUT_BLOCK, Budget, CallOptions, Engine, engine_for, gathered
+from .loader import architecture_of, family_of, load_config, load_model, resolve
+from .long_documents import call_mode, check_supported, pair_scores, windowed_pairs
 from .pages import pages_for
 from .runner import ModelRunner
 from .score_cache import open_cache
@@ -29,10 +28,9 @@ from .scores import default_activation, to_scores
 from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
                       resolve_prompt, split_pairs, vllm_pairs)
 from .st_format import processing_max_length, read_cross_encoder_save
-from .windows import call_mode, check_supported, pair_scores, windowed_pairs
 
 
-STREAM_BLOCK = 16 * WINDOW  # pairs of an iterator taken at a time
+STREAM_BLOCK = 16 * INPUT_BLOCK  # pairs of an iterator taken at a time
 
 
 class Scorer:
@@ -87,15 +85,16 @@ class Scorer:
         model_dir = self.save.model_dir  # the save's root, or its Transformer module's folder
         self.hf_config = load_config(model_dir, trust_remote_code, **self.save.config_kwargs)
         self.architecture = architecture_of(self.hf_config)
-        self.decoder = is_decoder(self.architecture)
-        self.share_prefix = share_prefix_of(share_prefix, self.decoder, self.architecture)
+        self.family = family_of(self.hf_config)  # the model class: its contract (encoder or decoder) and its reading
+        self.decoder = self.family.causal
+        share_prefix = share_prefix_of(share_prefix, self.decoder, self.architecture)
         self.tokenizer = pair_tokenizer(model_dir, self.hf_config, cfg.max_length, trust_remote_code, self.save,
-                                        position_limit(self.hf_config))
+                                        self.family.position_limit(self.hf_config))
         self._check_max_length(self.tokenizer.max_length, "pass", self.tokenizer.from_where())
         check_supported(self.tokenizer, self.num_labels, cfg.long_documents)
-        # A causal LM's yes/no token ids, checked before any weights are read.
-        causal_lm = self.architecture.endswith("ForCausalLM")
-        score_ids = score_tokens(self.tokenizer.tokenizer, self.save) if causal_lm else None
+        # A causal LM's true/false token ids, checked before any weights are read.
+        by_logits = getattr(self.family, "scores_by_logits", False)
+        score_ids = score_tokens(self.tokenizer.tokenizer, self.save) if by_logits else None
         self.device = device
         if device.type == "cpu" and cfg.dtype in HALF_UNITS and native_half_units(cfg.dtype) is False:
             warnings.warn(
@@ -105,17 +104,16 @@ class Scorer:
                 stacklevel=2,
             )
         model, self.choices = load_model(model_dir, self.hf_config, self.device, cfg.torch_dtype, cfg.compile)
-        if causal_lm:
+        if by_logits:
             model.set_score_tokens(*score_ids)
-        self.runner = ModelRunner(model, self.choices)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(
             self.hf_config, self.save, trust_remote_code, self.num_labels)
         self.pad_token_id = self.tokenizer.tokenizer.pad_token_id or 0
-        self.kv_cache = KVCache.for_config(self.hf_config, cfg.page_size, cfg.torch_dtype, device) if self.decoder else None
-        self.token_counts = TokenCounts()  # the last call's tokens scored and computed (decoders)
-        # transformers' sequence classifiers read the last token that is not the pad id
-        pad = self.hf_config.pad_token_id
-        self._pooled_past = pad if self.decoder and not self.architecture.endswith("ForCausalLM") else None
+        # The model family's engine, built once: every call's pairs run through it.
+        budget = Budget(self.num_labels, cfg.page_size, cfg.pages_per_batch, self.pad_token_id)
+        self.engine: Engine = engine_for(
+            ModelRunner(model, self.choices), budget, share_prefix=share_prefix,
+            pooled_past=self.family.pooled_past(self.hf_config) if self.decoder else None)
         # One call at a time: a fast tokenizer shared by threads raises "Already borrowed", and a decoder's KV cache
         # is the Scorer's own. The model uses every core already, so threads lose nothing by taking turns.
         self._lock = threading.RLock()
@@ -123,8 +121,31 @@ class Scorer:
     # -- properties a notebook reaches for --------------------------------------------------------
     @property
     def num_labels(self) -> int:
-        # A causal LM scores through its yes/no logits (sentence-transformers' LogitScore): one label.
-        return 1 if self.architecture.endswith("ForCausalLM") else int(self.hf_config.num_labels)
+        return self.family.num_labels_of(self.hf_config)
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The engine's stage 4: the model, compiled or not, with the load's choices."""
+        return self.engine.runner
+
+    @runner.setter
+    def runner(self, runner: ModelRunner) -> None:
+        self.engine.runner = runner
+
+    @property
+    def share_prefix(self) -> bool:
+        """Whether a decoder computes the prefix its pairs share once (False for encoders)."""
+        return getattr(self.engine, "share_prefix", False)
+
+    @property
+    def kv_cache(self):
+        """A decoder's paged KV cache (``decoder.kv_cache.KVCache``); None for encoders."""
+        return getattr(self.engine, "cache", None)
+
+    @property
+    def token_counts(self):
+        """The last call's tokens scored and computed (``engine.TokenCounts``; decoders)."""
+        return self.engine.counts
 
     @property
     def labels(self) -> list[str]:
@@ -167,7 +188,7 @@ class Scorer:
         if max_length < specials:
             raise ValueError(f"max_length={max_length}{source} cannot hold the {specials} special tokens of a pair; "
                              f"{remedy} max_length>={specials}")
-        limit = position_limit(self.hf_config)
+        limit = self.family.position_limit(self.hf_config)
         if limit is not None and max_length > limit:
             raise ValueError(
                 f"max_length={max_length}{source} exceeds what {self.architecture} can embed ({limit} positions); "
@@ -201,11 +222,11 @@ class Scorer:
 
     def _rows(self, pairs: list, batch_size, show_progress_bar, prompt, max_length, windows=False, stride=None):
         """``logits``, or with ``windows`` those of every pair's windows of text_2 (``stride`` tokens apart), and the
-        pair of each row (``windows.windowed_pairs``; None where every row is its pair)."""
+        pair of each row (``long_documents.windowed_pairs``; None where every row is its pair)."""
         text_1, text_2 = split_pairs(pairs)
         show = len(text_1) >= 2048 if show_progress_bar is None else show_progress_bar
         with self._lock:
-            self.token_counts = TokenCounts()
+            self.engine.new_call()
             return self._run(text_1, text_2, batch_size, show, prompt, max_length, windows, stride)
 
     def _streamed_logits(self, pairs: Iterable, batch_size, show_progress_bar, prompt, max_length, windows=False,
@@ -216,7 +237,7 @@ class Scorer:
         show = {"disable": False, "delay": 1.0} if show_progress_bar is None else {"disable": not show_progress_bar}
         with self._lock, tqdm(total=operator.length_hint(pairs) or None, desc="Scoring pairs", unit="pair",
                               **show) as bar:
-            self.token_counts = TokenCounts()
+            self.engine.new_call()
             while block := list(itertools.islice(it, STREAM_BLOCK)):
                 text_1, text_2 = split_pairs(block, start=done)
                 logits, owner = self._run(text_1, text_2, batch_size, False, prompt, max_length, windows, stride)
@@ -232,7 +253,6 @@ class Scorer:
         return self._engine_run(*args)
 
     def _engine_run(self, text_1, text_2, batch_size, show, prompt, max_length, windows, stride):
-        cfg = self.config
         tokenize = self.tokenizer
         if windows:
             tokenize = functools.partial(windowed_pairs, tokenize, stride=stride)
@@ -240,18 +260,7 @@ class Scorer:
             tokenize = functools.partial(tokenize, prompt=prompt or None)
         elif prompt:
             text_1 = [prompt + t for t in text_1]
-        if self.decoder:
-            return run_decoder_pairs(
-                tokenize, self.runner, self.kv_cache, text_1, text_2, num_labels=self.num_labels,
-                page_size=cfg.page_size, max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id,
-                share_prefix=self.share_prefix, batch_size=batch_size, max_length=max_length, show_progress_bar=show,
-                counts=self.token_counts, pooled_past=self._pooled_past,
-            )
-        return run_pairs(
-            tokenize, self.runner, text_1, text_2, num_labels=self.num_labels, page_size=cfg.page_size,
-            max_pages=cfg.pages_per_batch, pad_token_id=self.pad_token_id, batch_size=batch_size, max_length=max_length,
-            show_progress_bar=show,
-        )
+        return self.engine.run(tokenize, text_1, text_2, CallOptions(batch_size, max_length, show))
 
     def predict(
         self,

@@ -10,12 +10,8 @@ so that its words are mostly single tokens as in a real vocabulary.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,24 +21,12 @@ import torch
 
 from ..config import whole_number
 from ..provenance import provenance
+from ..zoo.decoders import DEFAULT_INSTRUCTION, JUDGE, WORKLOAD_ARCHITECTURE, workload_reranker
 from .timing import _check_run, cpu_has_fast_bf16
 from .workloads import make_pairs
 
-INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-_JUDGE = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
-          'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n')
+INSTRUCTION = DEFAULT_INSTRUCTION  # Qwen3-Reranker's default instruction, in the template and the tokenizer's texts
 _TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-_ROLE = 'messages | selectattr("role", "eq", "{}") | map(attribute="content") | first'
-# Qwen3-Reranker's prompt as a chat template: a prompt (system message) replaces the instruction.
-TEMPLATE = (
-    f'{{%- set instruction = {_ROLE.format("system")} | default("{INSTRUCTION}") -%}}\n'
-    f"{_JUDGE}<|im_start|>user\n<Instruct>: {{{{ instruction }}}}\n<Query>: {{{{ {_ROLE.format('query')} }}}}\n"
-    f"<Document>: {{{{ {_ROLE.format('document')} }}}}{_TAIL}\n"  # Jinja drops a template's last newline
-)
-# transformers' Qwen2Tokenizer pre-tokenizer regex (models/qwen2/tokenization_qwen2.py).
-_QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
-_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _QWEN3 = {"tie_word_embeddings": True, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
           "rms_norm_eps": 1e-6}
@@ -81,64 +65,23 @@ def rerank_pairs(n_docs: int, seed: int = 0) -> list[tuple[str, str]]:
     return [(pairs[0][0], doc) for _, doc in pairs]
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
-    """A Qwen2Tokenizer (eos <|im_end|>, pad <|endoftext|>, <think> tags added) whose byte-level BPE is trained on the
-    workload's passages and the template's text, with Qwen3-Reranker's template as its chat template."""
-    import transformers
-    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    head = f"{_JUDGE}<|im_start|>user\n<Instruct>: {INSTRUCTION}\n<Query>: "
-    texts = [f"{head}{q}\n<Document>: {d}{_TAIL}" for q, d in make_pairs("short", 2000, seed=12345)]
-    tok.train_from_iterator(texts + ["yes\nno"] * 50, trainer)
-    model = json.loads(tok.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = transformers.Qwen2Tokenizer(
-        vocab=model["vocab"], merges=merges, unk_token=None, bos_token=None, eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", model_max_length=8192, extra_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
-    tokenizer.chat_template = TEMPLATE
-    assert all(w in model["vocab"] for w in ("yes", "no")), "the trained vocabulary lacks 'yes' or 'no'"
-    return tokenizer
+def workload_texts() -> list[str]:
+    """What the benchmark models' BPE is trained on: the template's text around 2,000 workload pairs (seed 12345), and
+    "yes"/"no" at the start of a line."""
+    head = f"{JUDGE}<|im_start|>user\n<Instruct>: {INSTRUCTION}\n<Query>: "
+    return [f"{head}{q}\n<Document>: {d}{_TAIL}" for q, d in make_pairs("short", 2000, seed=12345)] + ["yes\nno"] * 50
 
 
 def decoder_reranker(name: str = "qwen3-small", root: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Build (once) and return the directory of the random-weight Qwen3 reranker ``name`` (one of ``MODELS``) under
-    ``root`` (default: xenc_lab's cache), a checkpoint that ``CrossEncoder`` and ``Scorer`` load offline."""
-    from transformers import Qwen3Config
-
-    from ..zoo import cache_dir, save_seeded
+    ``root`` (default: xenc_lab's cache), a checkpoint that ``CrossEncoder`` and ``Scorer`` load offline
+    (``xenc_lab.zoo.decoders.workload_reranker``)."""
+    from ..zoo import cache_dir
 
     if name not in MODELS:
         raise ValueError(f"name must be one of {sorted(MODELS)}, got {name!r}")
-    config = MODELS[name][1]
-    key = hashlib.sha1(json.dumps([config, VOCAB_SIZE, TEMPLATE], sort_keys=True).encode()).hexdigest()[:10]
     root = Path(root) if root is not None else cache_dir()
-    final = root / f"bench-{name}-s{seed}-{key}"
-    if (final / "model.safetensors").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        tokenizer = build_tokenizer()
-        cfg = Qwen3Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **config)
-        cfg.architectures = ["Qwen3ForCausalLM"]
-        save_seeded(cfg, tokenizer, tmp, seed)
-        tmp.chmod(0o755)
-        os.rename(tmp, final)  # atomic: a half-written build is never seen under ``final``
-    except OSError:
-        if not (final / "model.safetensors").is_file():  # a concurrent builder may have won the race
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return workload_reranker(f"bench-{name}", root, MODELS[name][1], workload_texts(), seed=seed, vocab_size=VOCAB_SIZE)
 
 
 @dataclass
@@ -324,7 +267,7 @@ def report_section(rows: list[DecoderRow], command: str, machine: str, notes: st
         provenance(command, machine), "",
         "One query and N MS MARCO-like passages (`make_pairs(\"short\")` texts) through Qwen3-Reranker's template "
         "(system judging prompt, `<Instruct>`/`<Query>`/`<Document>`, the assistant's empty `<think>` block), scored "
-        "by logit(\"yes\") - logit(\"no\") at the last token. Random-weight `Qwen3ForCausalLM` checkpoints built "
+        "by logit(\"yes\") - logit(\"no\") at the last token. Random-weight `" + WORKLOAD_ARCHITECTURE + "` checkpoints built "
         "offline (`xenc_lab.bench.decoder.decoder_reranker`): " + "; ".join(
             f"{m} hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
             f"{c['num_key_value_heads']} heads of {c['head_dim']}, MLP {c['intermediate_size']}"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..config import DTYPES, resolve_device, whole_number
-from ..cpu.attention_paths import attention_rates
+from ..attention_paths import attention_rates
 from ..cpu.info import native_half_units
 from ..st_args import split_pairs
 from .flops import attention_heads, gemm_rate, model_gflop
@@ -175,8 +175,8 @@ def run(
             enc = ours["xenc_lab"].tokenizer([p[0] for p in pairs], [p[1] for p in pairs])
             gflop = model_gflop(config, enc.lengths)
             attention, attention_path = {}, ""
-            # CPU attention alone; DeBERTa's attention is its own, padded
-            if on_cpu and not ours["xenc_lab"].architecture.startswith("DebertaV2"):
+            # CPU attention alone, where the family runs the shared attention ops (DeBERTa's is its own, padded)
+            if on_cpu and ours["xenc_lab"].model.head_shape() is not None:
                 heads, head_dim = attention_heads(config)
                 attention = attention_rates(heads, head_dim, torch_dtype, round(float(enc.lengths.mean())))
                 attention_path = ours["xenc_lab"].choices.attention

@@ -154,7 +154,7 @@ def rope_cpu(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torc
              sin: torch.Tensor) -> torch.Tensor | None:
     """Rotary positions on every head of a (T, G, D) CPU tensor whose heads lie end to end in each (possibly
     strided) row: ``x * cos + roll(x, D / 2) * sin`` per head, with ``cos`` and ``sin`` (T, D) of x's dtype (the
-    sines of the first half negated, ``models.decoder.rotate``), each product rounded to the dtype before the sum;
+    sines of the first half negated, ``ops.rotary.rotate``), each product rounded to the dtype before the sum;
     each head first RMS-normalized with its row of ``weight`` (G, D) if given (``rms_norm_cpu``). (T, G, D)
     contiguous, or None without the kernel."""
     if not available():

@@ -1,11 +1,14 @@
-"""One dict from a checkpoint's architecture to our packed module; ``base.PackedModel`` is what each one declares."""
+"""The family registry: one dict from a checkpoint's architecture to our packed module. What each declares is
+``base.EncoderModel``'s or ``base.DecoderModel``'s contract; no architecture name is read outside ``models/`` and the
+loader."""
 from __future__ import annotations
 
-from .base import PackedModel
+from .base import DecoderModel, EncoderModel, PackedModel
 from .bert import BertForSequenceClassification, ElectraForSequenceClassification, RobertaForSequenceClassification
 from .deberta_v2 import DebertaV2ForSequenceClassification
 from .decoder import DecoderForCausalLM, DecoderForSequenceClassification
 from .distilbert import DistilBertForSequenceClassification
+from .gemma import GemmaForCausalLM
 from .modernbert import ModernBertForSequenceClassification
 
 ARCHITECTURES = {
@@ -19,9 +22,10 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": DecoderForCausalLM,
     "Qwen2ForCausalLM": DecoderForCausalLM,
     "LlamaForCausalLM": DecoderForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
     "Qwen3ForSequenceClassification": DecoderForSequenceClassification,
     "Qwen2ForSequenceClassification": DecoderForSequenceClassification,
     "LlamaForSequenceClassification": DecoderForSequenceClassification,
 }
 
-__all__ = ["ARCHITECTURES", "PackedModel"]
+__all__ = ["ARCHITECTURES", "DecoderModel", "EncoderModel", "PackedModel"]

@@ -15,7 +15,7 @@ from ..choices import Choices
 from ..ops.attention import packed_attention
 from ..ops.first_token import first_token_self_attention
 from ..ops.linear import fuse_linears, linear_gelu, linear_plus
-from .base import PackedModel
+from .base import EncoderModel
 
 
 class Embeddings(nn.Module):
@@ -175,7 +175,7 @@ class ClassificationHead(nn.Module):
         return self.out_proj(self.act(self.dense(first)))
 
 
-class BertFamily(PackedModel):
+class BertFamily(EncoderModel):
     """What the BERT family's classifiers share: an encoder (``self.encoder_model``) read at first tokens."""
 
     encoder_model: BertModel
@@ -207,6 +207,11 @@ class BertForSequenceClassification(BertFamily):
 
 class RobertaForSequenceClassification(BertFamily):
     """Also XLM-RoBERTa, whose checkpoints use the same names."""
+
+    @classmethod
+    def position_limit(cls, config) -> int:
+        """The position table less RoBERTa's offset of padding_idx + 1."""
+        return config.max_position_embeddings - config.pad_token_id - 1
 
     def __init__(self, config):
         super().__init__()

@@ -21,7 +21,7 @@ from ..choices import Choices
 from ..ops.first_token import split_first
 from ..ops.layout import from_padded, to_padded
 from ..ops.linear import fuse_linears
-from .base import PackedModel
+from .base import EncoderModel
 from .bert import Layer
 
 
@@ -232,7 +232,12 @@ class ContextPooler(nn.Module):
         return self.act(self.dense(first))
 
 
-class DebertaV2ForSequenceClassification(PackedModel):
+class DebertaV2ForSequenceClassification(EncoderModel):
+    @classmethod
+    def position_limit(cls, config) -> int | None:
+        """v3 checkpoints embed no absolute positions (relative ones only): no limit."""
+        return config.max_position_embeddings if getattr(config, "position_biased_input", True) else None
+
     def __init__(self, config):
         super().__init__()
         self.deberta = DebertaV2Model(config)

@@ -12,7 +12,7 @@ from ..choices import Choices
 from ..ops.attention import packed_attention
 from ..ops.first_token import first_token_self_attention
 from ..ops.linear import fuse_linears, linear_plus
-from .base import PackedModel
+from .base import EncoderModel
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
 
@@ -101,7 +101,7 @@ class DistilBertModel(nn.Module):
         return last(x, batch, choices, first_only)
 
 
-class DistilBertForSequenceClassification(PackedModel):
+class DistilBertForSequenceClassification(EncoderModel):
     def __init__(self, config):
         super().__init__()
         self.distilbert = DistilBertModel(config)

@@ -18,7 +18,8 @@ from ..ops.attention import first_token_attention, packed_attention, varlen_take
 from ..ops.first_token import split_first
 from ..ops.layout import mean_per_pair
 from ..ops.linear import linear_plus
-from .base import PackedModel
+from ..ops.rotary import rotate_float32
+from .base import EncoderModel
 
 KINDS = ("full_attention", "sliding_attention")
 # These rescale the frequencies by the length of the padded batch, so no per-pair engine can match them.
@@ -39,13 +40,6 @@ def _rope_type(config, kind: str) -> str:
     return rope_type
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """(n, H, dh) rotated by cos, sin: (n, dh). In float32, as transformers."""
-    cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
-
-
 class Embeddings(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -63,14 +57,14 @@ class Attention(nn.Module):
         if d % config.num_attention_heads:
             raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {config.num_attention_heads}")
         self.num_heads, self.head_dim, self.kind = config.num_attention_heads, d // config.num_attention_heads, kind
-        self.window = config.local_attention if kind == "sliding_attention" else None
+        self.sliding_window = config.local_attention if kind == "sliding_attention" else None
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
     def pads_pairs(self, choices: Choices) -> bool:
         """Flash attention on CUDA runs one query per pair without a window only (``first_token_attention``)."""
         if choices.attention == "varlen":
-            return self.window is not None or not varlen_takes(self.head_dim, self.head_dim**-0.5)
+            return self.sliding_window is not None or not varlen_takes(self.head_dim, self.head_dim**-0.5)
         return not choices.attends_packed
 
     def forward(
@@ -84,14 +78,15 @@ class Attention(nn.Module):
         if first_only:
             q, kv = split_first(self.Wqkv, x, batch)
             first = batch.first_index
-            q = rotate(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
+            q = rotate_float32(q.view(q.shape[0], H, -1), cos[first], sin[first]).view(q.shape)
             k, v = kv.view(T, 2, H, -1).unbind(1)
-            kv = torch.stack((rotate(k, cos, sin), v), dim=1).view(kv.shape)
-            out = first_token_attention(q, kv, batch, H, choices.attention, scale=scale, window=self.window)
+            kv = torch.stack((rotate_float32(k, cos, sin), v), dim=1).view(kv.shape)
+            out = first_token_attention(q, kv, batch, H, choices.attention, scale=scale,
+                                        sliding_window=self.sliding_window)
         else:
             q, k, v = self.Wqkv(x).view(T, 3, H, -1).unbind(1)  # (T, H, dh) each
-            qkv = torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), dim=1).view(T, -1)
-            out = packed_attention(qkv, batch, H, choices.attention, scale=scale, window=self.window)
+            qkv = torch.stack((rotate_float32(q, cos, sin), rotate_float32(k, cos, sin), v), dim=1).view(T, -1)
+            out = packed_attention(qkv, batch, H, choices.attention, scale=scale, sliding_window=self.sliding_window)
         return linear_plus(self.Wo, out, residual)
 
 
@@ -187,7 +182,11 @@ class PredictionHead(nn.Module):
         return self.norm(self.act(self.dense(x)))
 
 
-class ModernBertForSequenceClassification(PackedModel):
+class ModernBertForSequenceClassification(EncoderModel):
+    @classmethod
+    def position_limit(cls, config) -> None:
+        return None  # rotary positions only
+
     def __init__(self, config):
         super().__init__()
         if config.classifier_pooling not in ("cls", "mean"):

@@ -1,15 +1,16 @@
 """Causal attention of packed chunks over a paged KV cache: each chunk's queries see its context's cached keys and
-values and its own up to themselves. The batch's layout (``chunks.ChunkBatch.layout``) decides: "varlen", each
-chunk's keys listed end to end, read in place by xenc_lab's CPU kernel (``cpu.kernels.paged_attention_cpu``) or, on
-CUDA in half precision, gathered for torch's flash attention over cu_seqlens, whose causal mask aligns a chunk's
-queries with the last of its keys; "padded", keys gathered for SDPA on the (chunks, slots) layout with a mask (every
-device and dtype). Grouped-query heads are each path's own."""
+values and its own up to themselves. The load's ``Choices.attention`` decides, with the batch's layout
+(``decoder.chunks.ChunkBatch.layout``, "varlen" where attention runs on the packed stream): "kernel", each chunk's
+keys listed end to end, read in place by xenc_lab's CPU kernel (``cpu.kernels.paged_attention_cpu``); "varlen" (CUDA
+in half precision), gathered for torch's flash attention over cu_seqlens, whose causal mask aligns a chunk's
+queries with the last of its keys; "sdpa", keys gathered for SDPA on the padded (chunks, slots) layout with a mask
+(every device and dtype). Grouped-query heads are each path's own."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..chunks import ChunkBatch
+from ..decoder.chunks import ChunkBatch
 from ..cpu.kernels import paged_attention_cpu
 
 try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
@@ -18,9 +19,10 @@ except ImportError:  # pragma: no cover
     varlen_attn = None
 
 
-def _kernel_runs(q: torch.Tensor) -> bool:
-    """Whether the "varlen" layout runs on xenc_lab's kernel (the CPU) rather than flash attention (CUDA)."""
-    return q.device.type == "cpu"
+def _kernel_runs(batch: ChunkBatch, attention: str) -> bool:
+    """Whether the batch runs on xenc_lab's kernel ("kernel": the CPU) rather than flash attention or SDPA."""
+    assert attention != "sdpa" or batch.layout == "padded", (attention, batch.layout)
+    return attention == "kernel" and batch.layout == "varlen"
 
 
 def _store(k, v, batch: ChunkBatch, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,13 +63,15 @@ def _keys_values(k, v, batch: ChunkBatch, cache, layer: int) -> tuple[torch.Tens
 
 
 def chunk_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ChunkBatch, cache, layer: int, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ChunkBatch, cache, layer: int, scale: float,
+    attention: str = "sdpa",
 ) -> torch.Tensor:
     """(T, H * D) attention output of the stream's tokens. ``q`` (T, H, D), ``k`` and ``v`` (T, KVH, D), after
-    rotary; ``cache`` a ``kv_cache.KVCache`` (or None: no chunk has context and none is stored). The keys and values
-    of ``batch.write_index`` are stored in the cache's ``layer`` first."""
+    rotary; ``cache`` a ``decoder.kv_cache.KVCache`` (or None: no chunk has context and none is stored); ``attention``
+    the load's ``Choices.attention``. The keys and values of ``batch.write_index`` are stored in the cache's ``layer``
+    first."""
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    if batch.layout == "varlen" and _kernel_runs(q):
+    if _kernel_runs(batch, attention):
         return _kernel(q, k, v, batch, cache, layer, scale, batch.cu_seqlens)
     keys, values = _keys_values(k, v, batch, cache, layer)
     if batch.layout == "varlen":
@@ -84,7 +88,8 @@ def chunk_attention(
 
 
 def last_token_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ChunkBatch, cache, layer: int, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ChunkBatch, cache, layer: int, scale: float,
+    attention: str = "sdpa",
 ) -> torch.Tensor:
     """(R, H * D) attention output of the rows ``batch.last_index`` only (the last layer: nothing past it reads the
     other tokens' outputs); ``q``, ``k`` and ``v`` are the whole stream's, the keys and values stored in the cache as
@@ -95,7 +100,7 @@ def last_token_attention(
         chunks = batch.cu_seqlens.shape[0] - 1
         ends = batch.cu_seqlens[1:].long() - 1
         one_each = torch.arange(chunks + 1, dtype=torch.int32, device=q.device)
-        if _kernel_runs(q):
+        if _kernel_runs(batch, attention):
             out = _kernel(q.index_select(0, ends), k, v, batch, cache, layer, scale, one_each)
         else:
             keys, values = _keys_values(k, v, batch, cache, layer)

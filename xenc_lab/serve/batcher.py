@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine import INPUT_BLOCK
 from .truncation import truncating_from
 
-MAX_BATCH_PAIRS = 1024  # pairs of one predict call at most: a tokenization window of the engine
+MAX_BATCH_PAIRS = INPUT_BLOCK  # pairs of one predict call at most: one input block of the engine
 
 
 class QueueFull(Exception):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..chat import ChatPairTokenizer
+from ..decoder.chat import ChatPairTokenizer
 from .truncation import truncating_from
 
 

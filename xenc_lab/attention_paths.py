@@ -4,7 +4,8 @@ Float32, and CPUs without AMX for the dtype, run the kernel. With AMX, which pat
 shape, so it is measured once per kind of CPU, torch version, dtype, head shape and thread count, and the answer is
 kept on disk beside the kernel build: a machine takes the same path in every run. ``XENC_LAB_CPU_ATTENTION`` forces
 one. The kernel's and the tile path's result for a pair is bitwise independent of its batchmates; SDPA's in half
-precision can move by a rounding step with the batch's padded length (docs/cpu-backends.md).
+precision can move by a rounding step with the batch's padded length (docs/cpu-backends.md). It times whole packed
+batches through ``ops``, so it stands above the CPU backend (cpu/), beside the choices made at load.
 """
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import time
 import numpy as np
 import torch
 
-from .. import settings
-from ..batch import pack
-from ..ops.attention import packed_attention
-from ..tokenize import Encodings
-from . import kernels, native
-from .info import cpu_info
+from . import settings
+from .batch import pack
+from .cpu import kernels, native
+from .cpu.info import cpu_info
+from .ops.attention import packed_attention
+from .tokenize import Encodings
 
 logger = logging.getLogger("xenc_lab")
 

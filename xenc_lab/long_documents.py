@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .chat import ChatPairTokenizer
+from .decoder.chat import ChatPairTokenizer
 from .config import ScorerConfig, long_documents_mode, stride_of
 from .tokenize import Encodings, PairTokenizer, first_rows, longest_first
 

@@ -12,11 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .pages import ATTENTION_ALIGN, pages_for
-
-# The head runs on at least this many rows (repeats of the first past the pairs): MKL rounds GEMMs of fewer than
-# about 12 rows differently from larger ones, which would make a pair's score depend on its batchmates.
-MIN_ROWS = 16
+from ..batch import StreamBatch, rows_for
+from ..pages import ATTENTION_ALIGN, pages_for
 
 
 @dataclass(slots=True)
@@ -38,7 +35,7 @@ class Chunk:
 
 
 @dataclass(slots=True)
-class ChunkBatch:
+class ChunkBatch(StreamBatch):
     """C chunks laid end to end as one stream of T tokens (T a whole number of pages; tokens past ``num_tokens`` are
     filler). Key slots index the cache's S slots followed by the stream's T tokens. In the "padded" layout attention
     lays queries out as (C, Lq) and keys as (C, Lk), with a mask; in the "varlen" layout (flash attention over
@@ -65,16 +62,9 @@ class ChunkBatch:
     pairs: np.ndarray  # (P,) the pair each of those chunks ends
     num_tokens: int  # real tokens, without the filler
 
-    def shape(self) -> tuple[int, int, int]:
-        """(T, C, Lq), the shape the runner records."""
-        return self.input_ids.shape[0], self.cu_seqlens.shape[0] - 1, self.max_seqlen
-
-    def to(self, device: torch.device) -> ChunkBatch:
-        moved = {}
-        for name in self.__slots__:
-            value = getattr(self, name)
-            moved[name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        return ChunkBatch(**moved)
+    @property
+    def sequences(self) -> int:
+        return self.cu_seqlens.shape[0] - 1  # C
 
 
 def _aligned(n: int) -> int:
@@ -151,7 +141,7 @@ def pack_chunks(
     write_slots = np.concatenate([chunks[c].slots for c in stored]).astype(np.int64) if stored else np.zeros(0, np.int64)
 
     scored = np.array([c for c in range(n_chunks) if chunks[c].pair >= 0], dtype=np.int64)
-    filler = max(0, MIN_ROWS - len(scored))
+    filler = rows_for(len(scored)) - len(scored)  # repeats of the first scored chunk's row
     row_chunks = np.concatenate([scored, np.full(filler, scored[0] if len(scored) else 0, dtype=np.int64)])
     rows = starts[1:][row_chunks] - 1 if n_chunks else np.zeros(len(row_chunks), dtype=np.int64)
     row_slots = lens[row_chunks] - 1 if n_chunks else np.zeros(len(row_chunks), dtype=np.int64)

@@ -25,8 +25,8 @@ import numpy as np
 from tokenizers import Tokenizer
 from transformers import PretrainedConfig
 
-from .st_format import CrossEncoderSave, chat_processing
-from .tokenize import Encodings, PairTokenizer, backend_copy, load_tokenizer
+from ..st_format import CrossEncoderSave, chat_processing
+from ..tokenize import Encodings, PairTokenizer, backend_copy, load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Shared prefixes of a window's pairs, found on token ids: a prefix tree whose inner nodes are token runs that two or
-more pairs begin with, computed once into the KV cache, and whose leaves are each pair's own tokens.
+"""Shared prefixes of an input block's pairs, found on token ids: a prefix tree whose inner nodes are token runs that
+two or more pairs begin with, computed once into the KV cache, and whose leaves are each pair's own tokens.
 
 Ids, not strings: tokenization can merge across the boundary of a query and a document (a query's last punctuation
 with the newline after it), so the shared part is whatever the pairs' ids have in common, found by sorting them.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tokenize import Encodings
+from ..tokenize import Encodings
 
 
 @dataclass(slots=True)
@@ -37,7 +37,7 @@ def no_sharing(enc: Encodings) -> list[Node]:
 
 
 def prefix_tree(enc: Encodings, min_shared: int) -> list[Node]:
-    """The window's pairs as a prefix tree, parents before children. A run of tokens becomes a shared node when at
+    """The block's pairs as a prefix tree, parents before children. A run of tokens becomes a shared node when at
     least two pairs begin with it and it is at least ``min_shared`` tokens long (shorter ones cost more passes and
     page ends than they save); every pair keeps at least its last token for its own leaf, whose logits score it."""
     n = len(enc)

@@ -9,6 +9,9 @@ needs no model hub. Its scores are not relevance judgements: the head is untrain
 ``minilm_tokenizer`` and ``save_seeded`` are the steps every seeded checkpoint shares (this model, and the
 tiny random models the tests build): the MiniLM tokenizer, and a model built from its config right after
 ``torch.manual_seed``, saved as safetensors beside its tokenizer.
+
+The tiny random checkpoints of the tests, the parity suite and the benchmarks are built by the submodules:
+``encoders`` (one per encoder family), ``decoders`` (decoder rerankers) and ``corpus`` (what they share).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .settings import cache_root
+from ..settings import cache_root
 
 IDENTITY = "torch.nn.modules.linear.Identity"
 
