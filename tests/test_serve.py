@@ -334,8 +334,10 @@ def test_serve_command_binds_loopback_by_default_and_warns_on_any_other_address_
     assert seen[-1].host == "127.0.0.1" and seen[-1].port == 8000 and "warning" not in capsys.readouterr().out
     assert main(["serve", str(tiny_dir), "--device", "cpu", "--host", "0.0.0.0", "--port", "9001"]) == 0
     assert seen[-1].host == "0.0.0.0" and "no authentication" in capsys.readouterr().out
-    assert main(["serve", str(tiny_dir), "--device", "cpu", "--host", "0.0.0.0", "--api-key", "k"]) == 0
+    assert main(["serve", str(tiny_dir), "--device", "cpu", "--host", "0.0.0.0", "--api-key", "k",
+                 "--limit-concurrency", "7", "--timeout-keep-alive", "2.5"]) == 0
     assert "warning" not in capsys.readouterr().out
+    assert seen[-1].limit_concurrency == 7 and seen[-1].timeout_keep_alive == 2.5
     with pytest.raises(SystemExit):
         main(["serve", str(tiny_dir), "--body-timeout", "0"])
 

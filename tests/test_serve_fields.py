@@ -134,3 +134,21 @@ def test_requests_of_other_truncation_sides_or_cache_salts_never_share_an_engine
         gate.opened.set()
         assert all(f.result().status_code == 200 for f in [first, *futures])
     assert sorted(sorted(d for _, d in call) for call in gate.calls[1:]) == [["a", "c"], ["b"], ["d"]]
+
+
+def test_a_decoder_reranker_cuts_its_rendered_pairs_from_the_side_asked_for(tmp_path_factory):
+    from parity_tests.decoder_zoo import build_decoder
+
+    scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("decoder")), device="cpu")
+    docs = [f"passage {i} " + "about rivers and mountains " * 12 for i in range(3)]
+    body = {"query": "where do rivers start", "documents": docs, "truncate_prompt_tokens": 48}
+    with ServerThread(create_app(scorer, "qwen3")) as server:
+        served = {side: _post(server.url, "/rerank", {**body, "truncation_side": side}).json() for side in ("left",
+                                                                                                            "right")}
+    for side, out in served.items():
+        got = {r["index"]: r["relevance_score"] for r in out["results"]}
+        with truncating_from(scorer, side):
+            expected = scorer.predict([(body["query"], d) for d in docs], max_length=48)
+        assert [got[i] for i in range(len(docs))] == expected.tolist()
+        assert out["usage"]["prompt_tokens"] == 3 * 48
+    assert served["left"]["results"] != served["right"]["results"]

@@ -199,3 +199,17 @@ def test_the_server_goes_on_after_every_kind_of_timeout(served):
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_past_the_concurrency_limit_a_new_request_gets_503_at_once(scorer):
+    with ServerThread(create_app(scorer, "tiny", Limits(body_timeout=5.0)), limit_concurrency=3) as server:
+        silent = [connect(server.url) for _ in range(3)]
+        try:
+            assert httpx.get(server.url + "/health", timeout=30).status_code == 503
+        finally:
+            for sock in silent:
+                sock.close()
+        deadline = time.monotonic() + 30
+        while httpx.get(server.url + "/health", timeout=30).status_code != 200:  # the silent ones are gone
+            assert time.monotonic() < deadline
+            time.sleep(0.05)

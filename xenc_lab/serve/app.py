@@ -26,7 +26,7 @@ from .body import BodyReader
 from .errors import ApiError, describe, error_body
 from .guard import ApiKey, Deadline
 from .metrics import Metrics
-from .parse import Parsed, pair_up, parse  # noqa: F401 (pair_up: part of this module's API)
+from .parse import Parsed, parse
 from .protocol import timed_protocol
 from .schemas import (ErrorResponse, ModelCard, ModelList, Options, RerankDocument, RerankRequest, RerankResponse,
                       RerankResult, RerankUsage, ScoreData, ScoreRequest, ScoreResponse, Usage, new_id)

@@ -51,6 +51,9 @@ def add_parser(sub, positive_int) -> None:
                    help="a request not answered S seconds after its body arrived gets 504 (default 600)")
     p.add_argument("--timeout-keep-alive", type=_seconds, default=5.0, metavar="S",
                    help="close a connection idle S seconds after an answer (uvicorn's option; default 5)")
+    p.add_argument("--limit-concurrency", type=positive_int, default=None, metavar="N",
+                   help="uvicorn's option: past N open connections and requests, new requests get 503 (default: "
+                        "no limit)")
     p.add_argument("--ssl-keyfile", default=None, metavar="FILE", help="TLS: the key (uvicorn's option)")
     p.add_argument("--ssl-certfile", default=None, metavar="FILE", help="TLS: the certificate (uvicorn's option)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -92,6 +95,7 @@ def run_command(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
     config = config_for(app, args.host, args.port, args.log_level, timeout_keep_alive=args.timeout_keep_alive,
-                        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+                        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                        limit_concurrency=args.limit_concurrency)
     Server(config, app).run()
     return 0
