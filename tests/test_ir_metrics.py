@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from xenc_lab.ir.metrics import evaluate, significance
+from xenc_lab.ir.experiments import significance
+from xenc_lab.ir.metrics import evaluate
 
 MEASURES = [ir_measures.nDCG @ 10, ir_measures.RR @ 10, ir_measures.R @ 100]
 

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from xenc_lab import Scorer, experiment, rerank
 from xenc_lab.cli import main
-from xenc_lab.score_cache import ScoreCache, with_cache
+from xenc_lab.ir.reranking import with_cache
+from xenc_lab.score_cache import ScoreCache
 
 PAIRS = [(f"query {i} about rivers", "a document on mountains and rivers " * (1 + i % 9)) for i in range(60)]
 

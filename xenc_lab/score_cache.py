@@ -183,22 +183,6 @@ def open_cache(cache) -> ScoreCache | None:
     return cache if cache is None or isinstance(cache, ScoreCache) else ScoreCache(cache)
 
 
-def with_cache(scorer, cache):
-    """``scorer`` scoring through ``cache`` (a path or a ScoreCache): a shallow copy sharing its model and lock, so
-    the caller's Scorer is left as it was. A reranker that is not a Scorer cannot be fingerprinted: TypeError."""
-    import copy
-
-    from .scorer import Scorer
-
-    if cache is None:
-        return scorer
-    if not isinstance(scorer, Scorer):
-        raise TypeError(f"a score cache needs a xenc_lab Scorer (its weights are fingerprinted), got "
-                        f"{type(scorer).__name__}")
-    copied = copy.copy(scorer)
-    copied.cache = open_cache(cache)
-    return copied
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("cache", help="show or empty a score cache file (Scorer(..., cache=PATH))")

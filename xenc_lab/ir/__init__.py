@@ -5,7 +5,7 @@ import importlib
 _HOMES = {
     "experiment": "experiments", "format_table": "experiments",
     "rerank": "reranking", "rerank_variants": "variants", "bm25": "first_stage", "load_collection": "irds",
-    "evaluate": "metrics", "significance": "metrics",
+    "evaluate": "metrics", "significance": "experiments",
     "rrf": "fusion", "interpolate": "fusion", "tune_interpolation": "fusion",
     "compare_rankings": "compare", "summarize_comparison": "compare", "score_frame": "frames",
     "read_run": "files", "read_qrels": "files", "read_queries": "files", "read_corpus": "files", "write_run": "files",

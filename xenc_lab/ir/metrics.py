@@ -117,39 +117,3 @@ def evaluate(run, qrels, measures=DEFAULT_MEASURES, per_query: bool = False, ign
     agg = _ir_measures().calc_aggregate(measures, qrels_ir, run_ir)
     return pd.Series([float(agg[m]) for m in measures], index=[str(m) for m in measures], name="value",
                      dtype="float64")
-
-
-def significance(run_a, run_b, qrels, measures=DEFAULT_MEASURES, trials: int = 10000, seed: int = 0, *,
-                 missing: str = "zero", ignore_identical_ids: bool = True):
-    """Paired tests of run b against run a, ``experiment``'s for two runs: a DataFrame indexed by measure name with
-    mean_a, mean_b, delta (mean_b - mean_a), ``+`` / ``-`` (queries b improves / degrades), ``p-value`` (paired
-    t-test, ``scipy.stats.ttest_rel``), ``p-value (randomization)`` (two-sided paired randomization test,
-    ``scipy.stats.permutation_test`` on the mean difference, ``trials`` resamples, ``seed``) and n_queries (the
-    queries paired). ``missing`` and ``ignore_identical_ids`` as in ``experiment``: by default a judged query a run
-    lacks scores 0; ``missing="drop"`` pairs the queries both hold. Where every per-query difference is zero the
-    p-values are 1.0 (scipy's t-test would give nan); with fewer than 2 queries nan. (The p-values were formerly
-    named t_p and perm_p.)"""
-    import pandas as pd
-
-    from .experiments import experiment
-    from .paired import paired_pvalue
-
-    if isinstance(trials, bool) or not isinstance(trials, int):
-        raise TypeError(f"trials must be an int, got {type(trials).__name__}")
-    if trials < 1:
-        raise ValueError(f"trials must be positive, got {trials}")
-    table, long = experiment({"a": run_a, "b": run_b}, None, qrels, measures, baseline="a", correction=None,
-                             perquery="both", missing=missing, ignore_identical_ids=ignore_identical_ids)
-    per = long.pivot_table(index=["measure", "qid"], columns="name", values="value")
-    rows = {}
-    for name in [c for c in table.columns if c != "name" and " " not in c]:
-        pair = per.loc[name].dropna()
-        a, b = pair["a"].to_numpy(), pair["b"].to_numpy()
-        if not len(a):
-            raise ValueError(f"the two runs share no judged query (missing={missing!r})")
-        mean_a, mean_b = table.loc[0, name], table.loc[1, name]
-        rows[name] = {"mean_a": mean_a, "mean_b": mean_b, "delta": mean_b - mean_a,
-                      "+": int((b > a).sum()), "-": int((b < a).sum()), "p-value": table.loc[1, f"{name} p-value"],
-                      "p-value (randomization)": paired_pvalue(b, a, "randomization", trials, seed),
-                      "n_queries": len(a)}
-    return pd.DataFrame.from_dict(rows, orient="index").astype({"+": "int64", "-": "int64", "n_queries": "int64"})

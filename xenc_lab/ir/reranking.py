@@ -161,8 +161,6 @@ def rerank(
 
         scorer = Scorer(scorer, cache=cache)
     elif cache is not None:
-        from ..score_cache import with_cache
-
         scorer = with_cache(scorer, cache)
     if getattr(scorer, "num_labels", 1) != 1:
         raise ValueError(f"rerank needs a one-label model (one score per pair); this one has {scorer.num_labels} "
@@ -229,3 +227,21 @@ def _frame(plan, rows, skipped):
                           "rank": pd.array(ranks, dtype="int64")})
     frame.attrs["skipped"] = skipped
     return frame
+
+
+def with_cache(scorer, cache):
+    """``scorer`` scoring through ``cache`` (a path or a ScoreCache): a shallow copy sharing its model and lock, so
+    the caller's Scorer is left as it was. A reranker that is not a Scorer cannot be fingerprinted: TypeError."""
+    import copy
+
+    from ..score_cache import open_cache
+    from ..scorer import Scorer
+
+    if cache is None:
+        return scorer
+    if not isinstance(scorer, Scorer):
+        raise TypeError(f"a score cache needs a xenc_lab Scorer (its weights are fingerprinted), got "
+                        f"{type(scorer).__name__}")
+    copied = copy.copy(scorer)
+    copied.cache = open_cache(cache)
+    return copied

@@ -35,7 +35,7 @@ def load_scorer(model, **scorer_kwargs):
     """A ``Scorer`` for a model directory or hub id; a reranker object (with ``predict``) is returned as it is."""
     if is_reranker(model):
         if scorer_kwargs.get("cache") is not None:
-            from ..score_cache import with_cache
+            from .reranking import with_cache
 
             return with_cache(model, scorer_kwargs["cache"])
         return model
