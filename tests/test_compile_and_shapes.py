@@ -111,6 +111,7 @@ def test_padding_a_batch_to_a_bucket_shape_changes_no_logit(scorer):
     torch.testing.assert_close(padded, exact, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_shape(tiny_dir):
     eager = Scorer(tiny_dir, device="cpu")
     compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
@@ -138,7 +139,7 @@ def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_
         assert cuda.compile_options["emulate_precision_casts"] and cpu.compile_options["emulate_precision_casts"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_cuda_scores_equal_crossencoder(tiny_dir, dtype):
     from sentence_transformers import CrossEncoder
@@ -149,7 +150,7 @@ def test_cuda_scores_equal_crossencoder(tiny_dir, dtype):
     np.testing.assert_allclose(ours, exact, atol=tol, rtol=tol)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_compiled_with_cuda_graphs_equals_eager(tiny_dir):
     eager = Scorer(tiny_dir, device="cuda", dtype="bfloat16")
     graphs = Scorer(tiny_dir, device="cuda", dtype="bfloat16", compile=True)
@@ -236,6 +237,7 @@ def varlen_on_cpu(monkeypatch):
     return on_varlen, calls
 
 
+@pytest.mark.slow
 def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compiled_equals_the_cpu_path(
         tiny_dir, varlen_on_cpu):
     """What CUDA runs, but for CUDA graphs and flash attention's own kernel: torch's varlen_attn on the packed
