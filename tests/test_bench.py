@@ -299,6 +299,7 @@ def test_cli_bench_rows_cover_each_dtype_and_engine_and_agree_in_rates_ratios_an
             assert r.max_error_ratio == pytest.approx(r.max_abs_delta / st.max_abs_delta)
 
 
+@pytest.mark.slow
 def test_bench_runs_a_workload_of_ones_own_from_a_file(tiny_dir, tmp_path, capsys):
     pairs = tmp_path / "heldout.jsonl"
     pairs.write_text("".join(f'{{"query": "question {i}?", "passage": "{"word " * (3 * i + 1)}end."}}\n' for i in range(12)))
@@ -310,6 +311,7 @@ def test_bench_runs_a_workload_of_ones_own_from_a_file(tiny_dir, tmp_path, capsy
     assert_table_is_rows((tmp_path / "throughput.md").read_text(), rows)
 
 
+@pytest.mark.slow
 def test_bench_api_takes_named_pairs_and_checks_them_before_timing_anything(tiny_dir):
     logged = []
     rows = bench.run(tiny_dir, workloads={"mine": [("a query?", "a passage."), ("b?", "b.")] * 4},
@@ -436,6 +438,7 @@ def test_bf16_alone_on_a_cpu_without_bf16_units_is_refused_before_anything_runs(
     assert "bfloat16 is skipped on this CPU (neither AMX nor AVX512-BF16) and no other dtype" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_memory_probe_reports_scorings_own_peak_over_the_loaded_model_and_input(tiny_dir):
     probe = bench.peak_memory_mb(300, tiny_dir, workload="short", dtype="float32", max_batch_tokens=512, threads=1)
     assert probe["loaded_rss"] > 100 and probe["input_rss"] >= probe["loaded_rss"] * 0.9

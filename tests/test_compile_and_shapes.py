@@ -86,6 +86,7 @@ def test_the_runner_buckets_cpu_batches_unless_asked_not_to_and_cuda_graph_batch
         _runner("cpu")
 
 
+@pytest.mark.slow
 def test_cpu_scoring_runs_on_bucket_shapes_and_scores_as_exact_shapes_do(tiny_dir, monkeypatch):
     """oneDNN keeps memory for each GEMM shape it meets: a CPU run meets at most 8 token counts per budget."""
     pairs = PAIRS + make_pairs("mixed", 120, seed=5)
@@ -261,6 +262,7 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
     assert calls and compiled.runner.graphs <= 2 < len(compiled.runner.shapes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "pads"), [("bert", False), ("distilbert", False), ("modernbert-cls", False), ("modernbert-mean", False), ("deberta-v3", True)]
 )
@@ -279,6 +281,7 @@ def test_a_model_pads_pairs_where_its_attention_lays_them_out_padded(name, pads,
     assert Scorer(path, device="cpu").runner.pads_pairs is True
 
 
+@pytest.mark.slow
 def test_batches_on_the_packed_stream_fill_the_budget_and_score_as_slack_bounded_ones(tiny_dir):
     from xenc_lab.cpu import native
 
