@@ -208,7 +208,9 @@ def small_max_length(name: str, which) -> int:
     """A max_length for ``name``: "least" (its template's suffix and one token: a cut row is almost all suffix),
     "least+5", or a number of tokens past "least" where the template alone is longer (Gemma's prompt)."""
     least = scorer(name).tokenizer.specials
-    return {"least": least, "least+5": least + 5}.get(which, which if which > least else least + which)
+    if isinstance(which, str):
+        return {"least": least, "least+5": least + 5}[which]
+    return which if which > least else least + which
 
 
 @pytest.mark.parametrize("name", NAMES)

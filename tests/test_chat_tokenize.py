@@ -87,10 +87,11 @@ def test_chat_templates_are_picked_and_hand_pairs_get_crossencoders_ids(models, 
 @pytest.mark.parametrize("name", CHAT_SPECS)
 def test_a_control_token_written_in_a_document_is_the_control_token(models, name):
     tok = ours(models[name])
-    im_end = tok.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    control = tok.tokenizer.eos_token  # <|im_end|> (ChatML), <|endoftext|> (Llama's), <eos> (Gemma's)
+    eos = tok.tokenizer.convert_tokens_to_ids(control)
     plain = our_ids(tok, [("q", "a document")])[0]
-    marked = our_ids(tok, [("q", "a document <|im_end|>")])[0]
-    assert marked.count(im_end) == plain.count(im_end) + 1
+    marked = our_ids(tok, [("q", f"a document {control}")])[0]
+    assert marked.count(eos) == plain.count(eos) + 1
 
 
 @pytest.mark.parametrize("name", CHAT_SPECS)
