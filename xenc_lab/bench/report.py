@@ -126,7 +126,7 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     lines = [
         "# Throughput: xenc_lab against sentence-transformers",
         "",
-        provenance(command, None if torch.device(devices[0]).type == "cpu" else facts.machine),
+        provenance(command, None if torch.device(rows[0].device).type == "cpu" else facts.machine),
         "",
         (
             "Both engines in one process on the same pairs, alternating runs, tokenization included; "
