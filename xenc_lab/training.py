@@ -31,7 +31,7 @@ class TrainingSettings:
     groups_per_query: int = 1  # distinct groups (positive + negatives) per training query
     max_length: int = 64  # tokens of a pair in training (a docstring's first sentences)
     epochs: int = 1  # per round
-    rounds: int = 2  # each round trains on the last one's weights with new negatives (round 1: the base, a fresh head)
+    rounds: int = 1  # each round trains on the last one's weights with new negatives (round 1: the base, a fresh head)
     batch_size: int = 8  # groups per step
     learning_rate: float = 1e-4
     head_std: float = 0.02  # the classification head starts afresh (the base's wide demo head would saturate the loss)
