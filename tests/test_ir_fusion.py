@@ -69,7 +69,8 @@ def test_the_weight_is_chosen_on_the_dev_split_and_fused_runs_are_systems():
             rows_a.append((f"q{q}", d, rng.random() + (0.6 if d == rel else 0)))  # first stage: some signal
             rows_b.append((f"q{q}", d, rng.random() + (0.6 if d == rel else 0)))  # reranker: independent signal
         qrels.append((f"q{q}", rel, 1))
-    first, second = pd.DataFrame(rows_a, columns=["qid", "docno", "score"]), pd.DataFrame(rows_b, columns=["qid", "docno", "score"])
+    columns = ["qid", "docno", "score"]
+    first, second = pd.DataFrame(rows_a, columns=columns), pd.DataFrame(rows_b, columns=columns)
     qrels = pd.DataFrame(qrels, columns=["qid", "docno", "label"])
     dev = qrels[qrels["qid"].isin([f"q{q}" for q in range(6)])]
     best, grid = tune_interpolation(first, second, dev, "nDCG@10", weights=[0, 0.25, 0.5, 0.75, 1])

@@ -156,7 +156,8 @@ def format_table(table, fmt: str = "markdown", digits: int = 4) -> str:
     if fmt not in ("markdown", "latex", "csv"):
         raise ValueError(f"fmt must be 'markdown', 'latex' or 'csv', got {fmt!r}")
     if not isinstance(table, pd.DataFrame) or "name" not in table.columns:
-        raise TypeError(f"expected an experiment() table (a DataFrame with a 'name' column), got {type(table).__name__}")
+        raise TypeError(f"expected an experiment() table (a DataFrame with a 'name' column), got "
+                        f"{type(table).__name__}")
     if fmt == "csv":
         return table.to_csv(index=False)
     try:

@@ -28,8 +28,8 @@ def _as_run(frame):
 
 
 def _runs_of(runs) -> list:
-    items = list(runs.values()) if isinstance(runs, Mapping) else list(runs) if isinstance(runs, (list, tuple)) else None
-    if not items or len(items) < 2:
+    items = list(runs.values()) if isinstance(runs, Mapping) else list(runs) if isinstance(runs, (list, tuple)) else []
+    if len(items) < 2:
         raise ValueError(f"expected two or more runs (a list or a mapping name -> run), got {runs!r:.80}")
     return items
 

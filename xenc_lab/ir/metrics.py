@@ -147,7 +147,9 @@ def significance(run_a, run_b, qrels, measures=DEFAULT_MEASURES, trials: int = 1
         a, b = pair["a"].to_numpy(), pair["b"].to_numpy()
         if not len(a):
             raise ValueError(f"the two runs share no judged query (missing={missing!r})")
-        rows[name] = {"mean_a": table.loc[0, name], "mean_b": table.loc[1, name], "delta": table.loc[1, name] - table.loc[0, name],
+        mean_a, mean_b = table.loc[0, name], table.loc[1, name]
+        rows[name] = {"mean_a": mean_a, "mean_b": mean_b, "delta": mean_b - mean_a,
                       "+": int((b > a).sum()), "-": int((b < a).sum()), "p-value": table.loc[1, f"{name} p-value"],
-                      "p-value (randomization)": paired_pvalue(b, a, "randomization", trials, seed), "n_queries": len(a)}
+                      "p-value (randomization)": paired_pvalue(b, a, "randomization", trials, seed),
+                      "n_queries": len(a)}
     return pd.DataFrame.from_dict(rows, orient="index").astype({"+": "int64", "-": "int64", "n_queries": "int64"})

@@ -165,7 +165,8 @@ def rerank(
 
         scorer = with_cache(scorer, cache)
     if getattr(scorer, "num_labels", 1) != 1:
-        raise ValueError(f"rerank needs a one-label model (one score per pair); this one has {scorer.num_labels} labels")
+        raise ValueError(f"rerank needs a one-label model (one score per pair); this one has {scorer.num_labels} "
+                         "labels")
 
     if queries is None or corpus is None:
         queries, corpus = texts_of_run(run, queries, corpus)
