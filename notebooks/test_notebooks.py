@@ -37,7 +37,7 @@ SHOWS = {
     ],
     "04_reranking_experiment.ipynb": [
         ("corpus.sample(", TABLE),  # the collection's documents
-        ("queries.merge(qrels", TABLE),  # its queries and their one relevant document
+        ("qrels.assign(query=", TABLE),  # its held-out queries and their one relevant document
         ('write_run(run, folder / "bm25.trec"', TABLE),  # the BM25 first stage
         ("reranked = rerank(", TABLE),  # the reranked run
         ("table = experiment(", TABLE),  # first stage vs reranked, pt.Experiment's table

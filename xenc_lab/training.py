@@ -30,7 +30,8 @@ class TrainingSettings:
     negative_pool: int = 20  # drawn from the top of BM25's ranking of the training documents, positive left out
     groups_per_query: int = 1  # distinct groups (positive + negatives) per training query
     max_length: int = 64  # tokens of a pair in training (a docstring's first sentences)
-    epochs: int = 1
+    epochs: int = 1  # per round
+    rounds: int = 1  # each round trains on the last one's weights with new negatives (round 1: the base, a fresh head)
     batch_size: int = 8  # groups per step
     learning_rate: float = 1e-4
     head_std: float = 0.02  # the classification head starts afresh (the base's wide demo head would saturate the loss)
@@ -68,18 +69,20 @@ def pydocs_split(folder: str | os.PathLike, settings: TrainingSettings = Trainin
     return out
 
 
-def training_examples(settings: TrainingSettings = TrainingSettings()) -> list[dict[str, str]]:
+def training_examples(settings: TrainingSettings = TrainingSettings(), round: int = 0) -> list[dict[str, str]]:
     """The training groups, in a seeded order: one row per group with ``query``, ``docs`` (the relevant document,
     then the negatives; texts as rerank() builds them: module title, a space, docstring) and ``labels`` (1, then
     0s), the listwise losses' input. Negatives are drawn
-    (seeded) from BM25's top ``negative_pool`` over the training documents, the query's own document left out."""
+    (seeded by ``seed + round``) from BM25's top ``negative_pool`` over the training documents, the query's own
+    document left out."""
     import bm25s
 
     from .ir.files import read_corpus, read_qrels, read_queries
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = pydocs_split(tmp, settings)
-        queries, corpus, qrels = read_queries(paths["queries"]), read_corpus(paths["corpus"]), read_qrels(paths["train"])
+        queries, corpus = read_queries(paths["queries"]), read_corpus(paths["corpus"])
+        qrels = read_qrels(paths["train"])
     relevant = dict(zip(qrels["qid"], qrels["docno"]))
     train_docs = sorted(relevant.values())
     index = bm25s.BM25()
@@ -87,7 +90,7 @@ def training_examples(settings: TrainingSettings = TrainingSettings()) -> list[d
     qids = sorted(relevant)
     found, _ = index.retrieve(bm25s.tokenize([queries[q] for q in qids], show_progress=False),
                               k=min(settings.negative_pool + 1, len(train_docs)), show_progress=False)
-    rng = random.Random(settings.seed)
+    rng = random.Random(settings.seed + round)
     rows = []
     for qid, hits in zip(qids, found):
         pool = [train_docs[i] for i in hits if train_docs[i] != relevant[qid]][: settings.negative_pool]
@@ -106,16 +109,20 @@ def cache_key(examples: list[dict[str, str]], settings: TrainingSettings, base: 
     import transformers
 
     h = hashlib.sha256()
-    h.update(json.dumps([examples, asdict(settings)], sort_keys=True).encode())
+    # ``rounds`` does not decide a round's weights: its examples (seeded per round) and its base weights do.
+    decisive = {k: v for k, v in asdict(settings).items() if k != "rounds"}
+    h.update(json.dumps([examples, decisive], sort_keys=True).encode())
     h.update(hashlib.sha256((Path(base) / "model.safetensors").read_bytes()).digest())
     h.update(f"{torch.__version__} {transformers.__version__} {sentence_transformers.__version__}".encode())
     return h.hexdigest()
 
 
 def train(examples: list[dict[str, str]], base: Path, out: Path, settings: TrainingSettings,
-          show_progress_bar: bool = True) -> Path:
+          show_progress_bar: bool = True, round: int = 0) -> Path:
     """Fine-tunes the cross-encoder at ``base`` on ``examples`` with a listwise loss over each group
-    (sentence-transformers' ``LambdaLoss``: the positive above its hard negatives, weighted by nDCG) and saves the transformers model and its tokenizer (``max_length`` tokens) as safetensors into ``out``."""
+    (sentence-transformers' ``LambdaLoss``: the positive above its hard negatives, weighted by nDCG) and saves the
+    transformers model and its tokenizer (``max_length`` tokens) as safetensors into ``out``. Round 0 starts the
+    classification head afresh; later rounds continue the base's."""
     from datasets import Dataset
     from sentence_transformers.cross_encoder import (CrossEncoder, CrossEncoderTrainer,
                                                      CrossEncoderTrainingArguments, losses)
@@ -123,15 +130,16 @@ def train(examples: list[dict[str, str]], base: Path, out: Path, settings: Train
     import torch
 
     model = CrossEncoder(str(base), device="cpu", max_length=settings.max_length)
-    torch.manual_seed(settings.seed)
-    torch.nn.init.normal_(model.model.classifier.weight, std=settings.head_std)
-    torch.nn.init.zeros_(model.model.classifier.bias)
+    if round == 0:
+        torch.manual_seed(settings.seed)
+        torch.nn.init.normal_(model.model.classifier.weight, std=settings.head_std)
+        torch.nn.init.zeros_(model.model.classifier.bias)
     loss = losses.LambdaLoss(model)
     with tempfile.TemporaryDirectory() as scratch:
         args = CrossEncoderTrainingArguments(
             output_dir=scratch, num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate, warmup_steps=settings.warmup_ratio, seed=settings.seed,
-            data_seed=settings.seed, save_strategy="no", report_to="none", use_cpu=True, logging_steps=10,
+            learning_rate=settings.learning_rate, warmup_steps=settings.warmup_ratio, seed=settings.seed + round,
+            data_seed=settings.seed + round, save_strategy="no", report_to="none", use_cpu=True, logging_steps=10,
             disable_tqdm=not show_progress_bar, dataloader_num_workers=0)
         trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), loss=loss)
         trainer.train()
@@ -145,24 +153,26 @@ def train(examples: list[dict[str, str]], base: Path, out: Path, settings: Train
 
 def trained_reranker(root: str | os.PathLike | None = None, settings: TrainingSettings = TrainingSettings(),
                      show_progress_bar: bool = True) -> Path:
-    """Build (once: a few minutes on two cores) and return the folder of the trained MiniLM-L6 reranker."""
+    """Build (once: 40 steps of 32 pairs of 64 tokens a round) and return the folder of the trained MiniLM-L6
+    reranker, that of its last round."""
     from .zoo import cache_dir, minilm_cross_encoder
 
     root = Path(root) if root is not None else cache_dir()
-    base = minilm_cross_encoder(root, seed=settings.base_seed)
-    examples = training_examples(settings)
-    target = root / f"minilm-l6-pydocs-reranker-{cache_key(examples, settings, base)[:16]}"
-    if (target / "model.safetensors").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".train-"))
-    try:
-        train(examples, base, tmp, settings, show_progress_bar)
-        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    model = minilm_cross_encoder(root, seed=settings.base_seed)
+    for round in range(settings.rounds):
+        examples = training_examples(settings, round)
+        target = root / f"minilm-l6-pydocs-reranker-{cache_key(examples, settings, model)[:16]}"
+        if not (target / "model.safetensors").is_file():
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=".train-"))
+            try:
+                train(examples, model, tmp, settings, show_progress_bar, round)
+                os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+        model = target
+    return model
 
 
 def heldout_runs(model, folder: str | os.PathLike, depth: int = 20, settings: TrainingSettings = TrainingSettings(),
