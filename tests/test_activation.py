@@ -73,6 +73,7 @@ def _logits(path):
 
 
 # -- the order -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_default_activation_is_sigmoid_for_one_label_and_identity_for_more(make_dir, tmp_path):
     ours, theirs = _both(make_dir())
     assert isinstance(ours.activation_fn, nn.Sigmoid) and isinstance(theirs.activation_fn, nn.Sigmoid)

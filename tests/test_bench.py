@@ -356,6 +356,7 @@ def test_bench_refuses_an_unknown_device_or_dtype_before_loading_anything(tiny_d
         assert not logged
 
 
+@pytest.mark.slow
 def test_bench_takes_one_workload_given_alone(tiny_dir):
     mine = [("a query?", "a passage."), ("b?", "b.")] * 4
     for workloads, name in (("short", "short"), (("mine", mine), "mine")):

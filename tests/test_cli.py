@@ -9,6 +9,7 @@ import torch
 from xenc_lab.cli import DEMO_PAIRS, main
 
 
+@pytest.mark.slow
 def test_demo_scores_the_pairs_beside_the_oracle_and_reports_each_engines_best_rate_and_their_ratio(
         tiny_dir, capsys, monkeypatch):
     """On a clock where xenc_lab's two timed runs take 0.5 and 0.25 s and sentence-transformers' 0.5 and 1 s, 16

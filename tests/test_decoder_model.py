@@ -247,6 +247,7 @@ def test_other_families_are_refused():
         build_model(config)
 
 
+@pytest.mark.slow
 def test_a_tied_checkpoint_that_stores_its_lm_head_scores_with_it_as_transformers_does(tmp_path):
     """transformers reads a stored lm_head.weight that differs from the embedding (and does not tie them)."""
     from safetensors.torch import load_file, save_file

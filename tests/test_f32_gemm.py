@@ -76,6 +76,7 @@ def assert_rounded_from_exact(got: torch.Tensor, x, weight, bias, activation: st
     assert ((got.double() - want).abs() <= tol).all(), float(((got.double() - want).abs() - tol).max())
 
 
+@pytest.mark.slow
 @needs_gemm
 @settings(max_examples=60, deadline=None)
 @given(

@@ -20,6 +20,7 @@ def experiment(tmp_path_factory, tiny_dir):
     return paths, run, result
 
 
+@pytest.mark.slow
 def test_the_baseline_against_itself_shows_no_change_and_the_variants_some(experiment):
     paths, _, result = experiment
     deltas = result.score_deltas()

@@ -57,6 +57,7 @@ def test_a_row_of_one_is_its_bias_exactly():
     assert torch.equal(fast(x), fast.bias.expand(50, 1))  # x - mean is exactly 0
 
 
+@pytest.mark.slow
 def test_torch_s_where_the_kernel_does_not_apply(monkeypatch):
     norm = torch.nn.LayerNorm(8).bfloat16()
     row_layer_norms(norm)

@@ -290,6 +290,7 @@ def test_the_module_config_is_read_under_its_legacy_names_like_the_oracle(save):
     assert Scorer(save, device="cpu").max_length == 16
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["subfolder", "subfolder-and-root", "dot-slash"])
 def test_a_transformer_in_a_subfolder_of_the_save_loads_like_the_oracle(save, scorer, layout):
     modules = json.loads((save / "modules.json").read_text())

@@ -180,6 +180,7 @@ def test_windows_of_pairs_split_across_the_engines_input_blocks_keep_their_pairs
         assert np.array_equal(scorer.predict(PAIRS * 3, long_documents=mode), scores), mode
 
 
+@pytest.mark.slow
 def test_an_iterator_of_pairs_is_windowed_block_by_block_keeping_its_pairs(scorer, monkeypatch):
     import xenc_lab.scorer as scorer_module
 
