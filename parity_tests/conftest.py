@@ -101,14 +101,6 @@ def recorder() -> ParityRecorder:
     return RECORDER
 
 
-def pytest_collection_modifyitems(config, items):
-    # Every test here is marked ``parity``: `xenc-lab report parity` selects the suite by it (pytest -m parity).
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(item.path).resolve().parents:
-            item.add_marker(pytest.mark.parity)
-
-
 def pytest_sessionfinish(session, exitstatus):
     if any(True for _ in RECORDER.rows()):
         RECORDER.write(REPORT, DEVICE)

@@ -48,10 +48,12 @@ from hypothesis import strategies as st
 from xenc_lab import Scorer
 from xenc_lab.cpu.info import native_half_units
 
-from . import strategies as S
-from .conftest import DECODERS, DEVICE, ROOT, model_dir, scorer
-from xenc_lab.zoo.decoders import CHATML_TEMPLATE, DECODER_SPECS, without_yes_no
 from xenc_lab.zoo.corpus import SPREAD_PAIRS
+from xenc_lab.zoo.decoders import CHATML_TEMPLATE, DECODER_SPECS, without_yes_no
+
+from . import strategies as S
+from .arbitration import arbitrate, scaled_tolerance
+from .conftest import DECODERS, DEVICE, ROOT, model_dir, scorer
 
 IDENTITY = torch.nn.Identity()
 NAMES = list(DECODERS)
@@ -81,12 +83,12 @@ def score_scale(name: str) -> float:
 
 
 def raw_tolerance(name: str) -> dict:
-    return {"atol": 1e-5 * max(1.0, score_scale(name)), "rtol": 1e-4}
+    return scaled_tolerance(score_scale(name))
 
 
 def self_tolerance(name: str) -> dict:
     """Ours against ours (the same model run in other batches): fp32 rounding only."""
-    return {"atol": 1e-5 * max(1.0, score_scale(name)), "rtol": 1e-5}
+    return scaled_tolerance(score_scale(name), rtol=1e-5)
 
 
 @contextlib.contextmanager
@@ -114,23 +116,14 @@ def exact_rms_norms():
 
 
 def assert_parity(name, pairs, ours, theirs, tolerance, recorder, max_length=None, **predict_kwargs):
-    """ours == theirs within ``tolerance`` or, failing that, no further from CrossEncoder in float64 than twice its
-    fp32 error (plus ``tolerance``): test_parity.py's rule for ill-conditioned inputs."""
-    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
-    atol, rtol = tolerance["atol"], tolerance["rtol"]
-    if np.all(np.abs(ours - theirs) <= atol + rtol * np.abs(theirs)):
-        return
-    with exact_rms_norms():  # each pair alone: a left-padded row's positions start at its pad count (see above)
-        truth = np.asarray(oracle(name, "float64", max_length).predict(pairs, batch_size=1, **predict_kwargs),
-                           dtype=np.float64)
-    ours_error, their_error = np.abs(ours - truth), np.abs(theirs - truth)
-    recorder.arbitrated(name, float(their_error.max()), float(ours_error.max()))
-    worse = ours_error > 2 * their_error + atol + rtol * np.abs(truth)
-    assert not worse.any(), (
-        f"{name}: |ours - CrossEncoder| is {np.abs(ours - theirs).max():.2e}, beyond atol={atol:.1e} rtol={rtol:.1e}, "
-        f"and against float64 ours is off by {ours_error.max():.2e}, over twice CrossEncoder's fp32 error of "
-        f"{their_error.max():.2e}: ours={ours[worse][:4]}, CrossEncoder={theirs[worse][:4]}, float64={truth[worse][:4]}"
-    )
+    """The suite's rule (arbitration.py), against CrossEncoder in float64 scoring each pair alone with exact RMSNorms:
+    a left-padded row's positions start at its pad count (see above)."""
+
+    def exact():
+        with exact_rms_norms():
+            return oracle(name, "float64", max_length).predict(pairs, batch_size=1, **predict_kwargs)
+
+    arbitrate(name, ours, theirs, tolerance, recorder, exact)
 
 
 def flatten(groups) -> list[tuple[str, str]]:

@@ -166,6 +166,7 @@ def test_untrusted_path_in_config_sentence_transformers_json_falls_through_to_co
     _assert_same_scores(ours, theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("place", ["config_sentence_transformers.json", "config.json section", "legacy key"])
 def test_custom_dotted_path_is_used_with_trust_remote_code_and_ignored_without(make_dir, place):
     where = {

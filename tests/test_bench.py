@@ -13,7 +13,34 @@ from transformers import BertConfig
 from xenc_lab import bench
 from xenc_lab.bench.workloads import make_pairs
 from xenc_lab.cli import main
+from xenc_lab.bench.report import TABLE_COLUMNS
 from xenc_lab.cpu.gemm import onednn_bf16
+from xenc_lab.cpu.kernels import widened_gemm_available
+
+
+def read_table(text: str) -> list[dict]:
+    """The rows of a throughput report's table, as {column: cell}."""
+    lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| workload |")]
+    return [dict(zip(TABLE_COLUMNS, (c.strip() for c in line.strip("|").split("|")))) for line in lines]
+
+
+def assert_table_is_rows(text: str, rows) -> None:
+    """The report's table holds ``rows``, in order, each number at its printed precision."""
+    table = read_table(text)
+    assert len(table) == len(rows)
+    for cells, r in zip(table, rows):
+        assert (cells["workload"], cells["dtype"], cells["engine"], int(cells["pairs"])) == (
+            r.workload, r.dtype, r.engine, r.pairs)
+        assert float(cells["mean tokens"]) == pytest.approx(r.mean_tokens, abs=0.5)
+        assert float(cells["pairs/s"]) == pytest.approx(r.pairs_per_s, abs=0.05)
+        assert float(cells["ratio"].removesuffix("x")) == pytest.approx(r.ratio, abs=0.005)
+        assert float(cells["GFLOP/s"]) == pytest.approx(r.gflops, abs=0.5)
+        assert float(cells["ceiling"].removesuffix("%")) == pytest.approx(100 * r.ceiling_share, abs=0.5)
+        assert float(cells["max abs delta"]) == pytest.approx(r.max_abs_delta, rel=0.05, abs=1e-12)
+        if r.error_ratio:
+            mean, most = cells["error vs ST's own"].removesuffix(")").split(" (max ")
+            assert (float(mean), float(most)) == (pytest.approx(r.error_ratio, abs=0.005),
+                                                  pytest.approx(r.max_error_ratio, abs=0.005))
 
 
 def test_model_gflop_counts_non_embedding_matmuls_and_attention():
@@ -85,12 +112,12 @@ def test_report_has_a_row_per_measurement_and_a_figure(tmp_path):
         for engine, rate, delta in (("sentence-transformers", 10.0, 0.0), ("xenc_lab", 14.0, 3e-6))
     ]
     path = bench.write_report(rows, tmp_path, "xenc-lab bench")
-    text = path.read_text()
-    assert "| short | float32 | xenc_lab | 8 | 90 | 14.0 | 1.40x |" in text
+    assert_table_is_rows(path.read_text(), rows)
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert plt.get_fignums() == figures  # drawn without pyplot: no figure left open in a notebook's session
-    assert "moved between two identical calls" not in text and "compile=True" not in text
-    assert "native bf16" not in text and "error vs ST's own" not in text  # float32 only: no such column
+    facts = bench.report_facts(rows)  # float32 only: no error column, no bf16 note; nothing drifted or compiled
+    assert (facts.errors, facts.bf16_gemm, facts.drift, facts.compiled, facts.attention) == (False, "", {}, {}, {})
+    assert facts.ceilings == {"float32": 200.0}  # 100 GFLOP/s at 50% of the GEMM rate
     record = json.loads((tmp_path / "throughput.json").read_text())
     assert record["command"] == "xenc-lab bench" and record["machine"] == bench.machine()
     assert [bench.BenchRow(**r) for r in record["rows"]] == rows
@@ -126,16 +153,31 @@ def test_report_says_how_bf16_gemms_ran_here(tmp_path):
         bench.BenchRow("short", dtype, "xenc_lab", 8, 90.0, 10.0, 1.4, gflops, 0.9, 1e-2, 0.8, native_bf16_gflops=native)
         for dtype, gflops, native in (("float32", 200.0, 0.0), ("bfloat16", 180.0, 130.0))
     ]
-    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
-    assert "float32 222 GFLOP/s, bfloat16 200 GFLOP/s" in text
-    assert "native bf16 GEMMs ran at 130 GFLOP/s" in text and "as fp32 GEMMs on the bf16 values" in text
+    facts = bench.report_facts(rows)  # fp32 GEMMs on the bf16 values, beside oneDNN's native rate
+    assert facts.ceilings == {"float32": pytest.approx(200 / 0.9), "bfloat16": pytest.approx(180 / 0.9)}
+    assert (facts.bf16_gemm, facts.native_bf16_gflops, facts.own_fp32_gemm) == ("fp32", 130.0, widened_gemm_available())
     rows[1].bf16_gemm, rows[1].fp32_bf16_gflops = "fp16", 290.0  # where the fp16 GEMM ran
-    text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
-    assert "runs its bf16 GEMMs in fp16 instead" in text and "The fp32 route" in text and "ran at 290 GFLOP/s" in text
-    assert "as fp32 GEMMs on the bf16 values instead" not in text and "native ones in both engines" not in text
+    facts = bench.report_facts(rows)
+    assert (facts.bf16_gemm, facts.native_bf16_gflops, facts.fp32_bf16_gflops, facts.own_fp32_gemm) == (
+        "fp16", 130.0, 290.0, False)
     rows[1].bf16_gemm, rows[1].native_bf16_gflops, rows[1].fp32_bf16_gflops = "native", 0.0, 0.0  # AMX, AMD cores
+    assert bench.report_facts(rows).bf16_gemm == "native"
+    assert bench.report_facts(rows[:1]).bf16_gemm == ""  # no bf16 row, no note
+
+
+def test_the_report_states_the_figures_of_its_facts(tmp_path):
+    """Each fact's figure is in the text, at the precision the report gives it."""
+    rows = [bench.BenchRow("long", "bfloat16", "xenc_lab", 8, 500.0, 5.0, 2.0, 180.0, 0.9, 5e-2, 1.6,
+                           native_bf16_gflops=130.0, bf16_gemm="fp16", fp32_bf16_gflops=290.0, attention_path="tiles",
+                           kernel_attention_gflops=190.4, sdpa_attention_gflops=45.2, tiles_attention_gflops=420.7,
+                           oracle_drift=1.4e-4, compiled_graphs=3, batch_shapes=12, compile_seconds=13.2)]
+    facts = bench.report_facts(rows)
     text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
-    assert "native ones in both engines" in text and "runs its bf16 GEMMs in fp16" not in text
+    figures = [f"{facts.ceilings['bfloat16']:.0f}", f"{facts.native_bf16_gflops:.0f}", f"{facts.fp32_bf16_gflops:.0f}",
+               *(f"{rate:.0f}" for path, rate in facts.attention[("long", "bfloat16")].items() if path != "ran"),
+               f"{facts.drift[('long', 'bfloat16')]:.1e}", *(f"{n:.0f}" for n in facts.compiled["bfloat16"])]
+    assert figures == ["200", "130", "290", "190", "421", "45", "1.4e-04", "3", "13", "12"]
+    assert [f for f in figures if f not in text] == []
 
 
 def test_error_ratios_are_ours_over_sentence_transformers_own_at_the_same_dtype(tmp_path):
@@ -152,20 +194,21 @@ def test_error_ratios_are_ours_over_sentence_transformers_own_at_the_same_dtype(
     assert [(r.error_ratio, r.max_error_ratio) for r in rows[:3]] == [(0.0, 0.0)] * 3
     assert [(round(r.error_ratio, 6), round(r.max_error_ratio, 6)) for r in rows[3:]] == [
         (0.9, 0.8), (1.5, 1.0), (0.0, 0.0), (0.5, 1.2)]
+    assert bench.report_facts(rows).errors  # the table has the column
     text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
-    assert "| max abs delta | error vs ST's own |" in text and "over sentence-transformers' own at that dtype" in text
-    assert "| short | bfloat16 | xenc_lab | 8 | 90 | 10.0 | 1.00x | 100 | 50% | 5.6e-02 | 0.90 (max 0.80) |" in text
-    assert "| short | float32 | xenc_lab | 8 | 90 | 10.0 | 1.00x | 100 | 50% | 5.0e-06 | |" in text
+    assert_table_is_rows(text, rows)
+    assert [cells["error vs ST's own"] for cells in read_table(text)][:2] == ["", ""]  # float32: no error ratio
 
 
 def test_report_gives_both_attention_paths_rates_and_the_one_taken(tmp_path):
     row = bench.BenchRow("long", "bfloat16", "xenc_lab", 8, 500.0, 5.0, 2.0, 100.0, 0.5, 5e-2, 1.6,
                          attention_path="kernel", kernel_attention_gflops=190.4, sdpa_attention_gflops=45.2)
-    text = bench.write_report([row], tmp_path, "xenc-lab bench").read_text()
-    assert "long bfloat16: kernel 190, SDPA 45 (ran: kernel)" in text
+    assert bench.report_facts([row]).attention == {("long", "bfloat16"): {"kernel": 190.4, "sdpa": 45.2, "ran": "kernel"}}
     row.tiles_attention_gflops, row.attention_path = 420.7, "tiles"  # where the tile path runs
-    text = bench.write_report([row], tmp_path, "xenc-lab bench").read_text()
-    assert "long bfloat16: kernel 190, tiles 421, SDPA 45 (ran: tiles)" in text
+    assert bench.report_facts([row]).attention == {
+        ("long", "bfloat16"): {"kernel": 190.4, "tiles": 420.7, "sdpa": 45.2, "ran": "tiles"}}
+    row.attention_path = ""  # sentence-transformers' rows, and runs that did not measure attention
+    assert bench.report_facts([row]).attention == {}
 
 
 def test_gemm_rate_takes_each_bf16_route_asked_for_at_its_flops_over_the_best_repeat(monkeypatch):
@@ -202,9 +245,11 @@ def test_gemm_rate_takes_each_bf16_route_asked_for_at_its_flops_over_the_best_re
 def test_report_says_when_the_reference_drifted_and_what_compiling_cost(tmp_path):
     row = bench.BenchRow("mixed", "float32", "xenc_lab", 8, 140.0, 5.0, 1.5, 100.0, 0.5, 3e-6, 1.6,
                          oracle_drift=1.4e-4, compiled_graphs=1, batch_shapes=12, compile_seconds=13.2)
-    text = bench.write_report([row], tmp_path, "xenc-lab bench --compile").read_text()
-    assert "up to 1.4e-04 (mixed, float32)" in text
-    assert "compile=True, float32: 1 graph(s) compiled in 13 s for 12 distinct batch shapes" in text
+    later = dataclasses.replace(row, engine="xenc_lab compiled", compiled_graphs=2, batch_shapes=14, compile_seconds=3.2,
+                                oracle_drift=0.0)
+    facts = bench.report_facts([row, later])
+    assert facts.drift == {("mixed", "float32"): 1.4e-4}
+    assert facts.compiled == {"float32": (2, 3.2, 14)}  # the dtype's last counts: they cover its runs so far
 
 
 ENGINES = ("sentence-transformers", "xenc_lab", "xenc_lab compiled")
@@ -231,18 +276,18 @@ def _assert_rows_are_each_others_arithmetic(rows, scorer, workloads, dtypes, n_p
         assert ceilings == pytest.approx([ceilings[0]] * len(ceilings)), dtype
 
 
+@pytest.mark.slow
 def test_cli_bench_rows_cover_each_dtype_and_engine_and_agree_in_rates_ratios_and_shares(
         tiny_dir, scorer, tmp_path, capsys):
     dtypes = ["float32", "bfloat16"] if bench.cpu_has_fast_bf16() else ["float32"]
     assert main(["bench", "--model", str(tiny_dir), "--workloads", "short", "--dtypes", *dtypes,
                  "--pairs", "8", "--repeats", "2", "--compile", "--report", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "sentence-transformers" in out and "xenc_lab compiled" in out
-    table = (tmp_path / "throughput.md").read_text()
-    assert all(table.count(f"| short | {dtype} |") == 3 for dtype in dtypes) and "graph(s) compiled" in table
-    assert "short float32: attention alone, GFLOP/s: " in out and "Attention alone at the model's head shapes" in table
     rows = [bench.BenchRow(**r) for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]]
     _assert_rows_are_each_others_arithmetic(rows, scorer, ["short"], dtypes, 8)
+    assert_table_is_rows((tmp_path / "throughput.md").read_text(), rows)
+    facts = bench.report_facts(rows)
+    assert set(facts.compiled) == set(dtypes) and set(facts.attention) == {("short", d) for d in dtypes}
+    assert all(a["kernel"] > 0 and a["sdpa"] > 0 for a in facts.attention.values())
     for r in rows:  # xenc_lab's distance from sentence-transformers fp32: measured, mean below max, and in float32
         if r.engine != "sentence-transformers":  # within parity's tolerance
             assert 0 < r.mean_abs_delta <= r.max_abs_delta < (1e-4 if r.dtype == "float32" else 1.0), r
@@ -252,22 +297,21 @@ def test_cli_bench_rows_cover_each_dtype_and_engine_and_agree_in_rates_ratios_an
             assert 0 < st.mean_abs_delta <= st.max_abs_delta
             assert r.error_ratio == pytest.approx(r.mean_abs_delta / st.mean_abs_delta)
             assert r.max_error_ratio == pytest.approx(r.max_abs_delta / st.max_abs_delta)
-            assert f"error {r.error_ratio:.2f}x ST's own" in out and f"{r.error_ratio:.2f} (max " in table
 
 
+@pytest.mark.slow
 def test_bench_runs_a_workload_of_ones_own_from_a_file(tiny_dir, tmp_path, capsys):
     pairs = tmp_path / "heldout.jsonl"
     pairs.write_text("".join(f'{{"query": "question {i}?", "passage": "{"word " * (3 * i + 1)}end."}}\n' for i in range(12)))
     assert main(["bench", "--model", str(tiny_dir), "--pairs-file", str(pairs), "--pairs", "10",
                  "--dtypes", "float32", "--repeats", "1", "--report", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "workload 'heldout': 10 pairs from" in out
-    table = (tmp_path / "throughput.md").read_text()
-    assert table.count("| heldout | float32 |") == 2 and "| short |" not in table
-    row = next(line for line in table.splitlines() if "| heldout | float32 | xenc_lab |" in line)
-    assert row.split("|")[4].strip() == "10"  # pairs
+    rows = [bench.BenchRow(**r) for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]]
+    assert [(r.workload, r.dtype, r.engine, r.pairs) for r in rows] == [
+        ("heldout", "float32", "sentence-transformers", 10), ("heldout", "float32", "xenc_lab", 10)]
+    assert_table_is_rows((tmp_path / "throughput.md").read_text(), rows)
 
 
+@pytest.mark.slow
 def test_bench_api_takes_named_pairs_and_checks_them_before_timing_anything(tiny_dir):
     logged = []
     rows = bench.run(tiny_dir, workloads={"mine": [("a query?", "a passage."), ("b?", "b.")] * 4},
@@ -330,26 +374,24 @@ def test_a_cuda_report_names_the_gpu_and_keeps_to_one_device(tmp_path, monkeypat
     monkeypatch.setattr(bench.report, "device_name", lambda device="cuda": "NVIDIA Example (80 GiB, compute capability 9.0)")
     rows = [bench.BenchRow("short", "float16", engine, 8, 90.0, rate, rate / 100.0, 1e4, 0.5, 2e-3, 0.1, device="cuda")
             for engine, rate in (("sentence-transformers", 100.0), ("xenc_lab", 250.0))]
-    text = bench.write_report(rows, tmp_path, "xenc-lab bench --device cuda").read_text()
-    assert "Machine: NVIDIA Example (80 GiB, compute capability 9.0); host " in text
-    assert "| short | float16 | xenc_lab | 8 | 90 | 250.0 | 2.50x |" in text
+    assert bench.report_facts(rows).machine.startswith("NVIDIA Example (80 GiB, compute capability 9.0); host ")
+    assert_table_is_rows(bench.write_report(rows, tmp_path, "xenc-lab bench --device cuda").read_text(), rows)
     with pytest.raises(ValueError, match="one device"):
         bench.write_report([rows[0], dataclasses.replace(rows[1], device="cpu")], tmp_path, "xenc-lab bench")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cli_bench_on_cuda_runs_fp16_and_bf16_side_by_side_and_names_the_gpu(
         tiny_dir, scorer, tmp_path, capsys):
     assert main(["bench", "--model", str(tiny_dir), "--device", "cuda", "--workloads", "short", "mixed",
                  "--pairs", "32", "--repeats", "2", "--compile", "--report", str(tmp_path)]) == 0
-    table = (tmp_path / "throughput.md").read_text()
-    assert torch.cuda.get_device_name() in table
-    for dtype in ("float16", "bfloat16"):
-        assert table.count(f"| short | {dtype} |") == 3 and table.count(f"| mixed | {dtype} |") == 3
-    assert "graph(s) compiled" in table and "Attention alone" not in table
     rows = [bench.BenchRow(**r) for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]]
     _assert_rows_are_each_others_arithmetic(rows, scorer, ["short", "mixed"], ["float16", "bfloat16"], 32)
     assert all(r.device == "cuda" for r in rows)
+    assert_table_is_rows((tmp_path / "throughput.md").read_text(), rows)
+    facts = bench.report_facts(rows)  # CPU attention is not measured on a GPU
+    assert torch.cuda.get_device_name() in facts.machine and set(facts.compiled) == {"float16", "bfloat16"}
+    assert facts.attention == {}
 
 
 def test_machine_names_the_cpu_by_family_and_model_and_its_16_bit_units(monkeypatch):
@@ -376,8 +418,9 @@ def test_an_exact_sentence_transformers_leaves_the_error_cell_saying_so(tmp_path
     rows = [bench.BenchRow("short", "bfloat16", engine, 8, 90.0, 10.0, 1.0, 100.0, 0.5, most, 0.8, mean_abs_delta=most)
             for engine, most in (("sentence-transformers", 0.0), ("xenc_lab", 0.3))]
     bench.set_error_ratios(rows)
+    assert rows[1].error_ratio == 0.0  # no ratio over an error of 0, and the cell says why
     text = bench.write_report(rows, tmp_path, "xenc-lab bench").read_text()
-    assert "| 3.0e-01 | n/a (ST's own error is 0) |" in text
+    assert [cells["error vs ST's own"] for cells in read_table(text)] == ["", "n/a (ST's own error is 0)"]
 
 
 def test_a_report_of_no_rows_is_refused_and_leaves_the_last_one(tmp_path):
@@ -395,6 +438,7 @@ def test_bf16_alone_on_a_cpu_without_bf16_units_is_refused_before_anything_runs(
     assert "bfloat16 is skipped on this CPU (neither AMX nor AVX512-BF16) and no other dtype" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_memory_probe_reports_scorings_own_peak_over_the_loaded_model_and_input(tiny_dir):
     probe = bench.peak_memory_mb(300, tiny_dir, workload="short", dtype="float32", max_batch_tokens=512, threads=1)
     assert probe["loaded_rss"] > 100 and probe["input_rss"] >= probe["loaded_rss"] * 0.9
@@ -409,9 +453,11 @@ def test_the_memory_note_gives_scorings_growth_over_the_loaded_model_and_input()
              "batch_shapes": 12, "token_counts": 6}
     large = {"loaded_rss": 500.0, "input_rss": 540.0, "peak_rss": 688.0, "peak_is_scoring_s": True,
              "batch_shapes": 15, "token_counts": 8}
-    note = bench.memory_note(small, large, "bfloat16", "cpu")
-    assert "held 504 MB for 2,000 pairs and 540 MB for 20,000 (500 and 500 MB before the input)" in note
-    assert "the peak while scoring was 650 and 688 MB, +146 and +148 MB over that for 10x the input." in note
-    assert "The runs met 6 and 8 batch token counts (12 and 15 batch shapes)." in note
-    lifetime = bench.memory_note({**small, "peak_is_scoring_s": False}, large, "bfloat16", "cpu")
-    assert "the process's lifetime peak (loading included" in lifetime
+    facts = bench.memory_facts(small, large)
+    assert facts == {"sizes": (2000, 20000), "held": (504.0, 540.0), "loaded": (500.0, 500.0), "peak": (650.0, 688.0),
+                     "growth": (146.0, 148.0), "ratio": 10, "scoring_peak": True, "token_counts": (6, 8),
+                     "batch_shapes": (12, 15)}
+    assert not bench.memory_facts({**small, "peak_is_scoring_s": False}, large)["scoring_peak"]
+    assert bench.memory_facts({**small, "peak_gpu": 90.0}, {**large, "peak_gpu": 95.0})["peak_gpu"] == (90.0, 95.0)
+    note = bench.memory_note(small, large, "bfloat16", "cpu")  # the sentence gives every figure
+    assert [f for f in ("504", "540", "2,000", "20,000", "650", "688", "+146", "+148", "10x") if f not in note] == []

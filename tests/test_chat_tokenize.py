@@ -110,6 +110,7 @@ def test_long_pairs_cut_at_small_max_lengths_end_in_the_templates_suffix_as_cros
     assert tok.specials == len(tok.suffix()) + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CHAT_SPECS)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(pairs=S.pairs, max_length=st.sampled_from([None, 9, 31, 64]), prompt=st.sampled_from(PROMPTS))
@@ -118,6 +119,7 @@ def test_random_pairs_get_crossencoders_ids(models, name, pairs, max_length, pro
                                                                                    prompt)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(pairs=S.pairs, max_length=st.sampled_from([None, 5, 16, 40]))
 def test_a_seq_cls_head_without_a_template_tokenizes_text_pairs_as_crossencoder(models, pairs, max_length):
@@ -137,6 +139,7 @@ def _save(path, out, **modules):
     return out
 
 
+@pytest.mark.slow
 def test_a_saves_template_variables_max_length_and_restore_suffix_are_crossencoders(models, tmp_path):
     pairs = [("q", LONG), ("what is it?", "it is a river"), (LONG, LONG)]
     for processing in [{"chat_template": {"instruction": "Is the passage on topic?"}},

@@ -86,6 +86,7 @@ def test_the_runner_buckets_cpu_batches_unless_asked_not_to_and_cuda_graph_batch
         _runner("cpu")
 
 
+@pytest.mark.slow
 def test_cpu_scoring_runs_on_bucket_shapes_and_scores_as_exact_shapes_do(tiny_dir, monkeypatch):
     """oneDNN keeps memory for each GEMM shape it meets: a CPU run meets at most 8 token counts per budget."""
     pairs = PAIRS + make_pairs("mixed", 120, seed=5)
@@ -111,6 +112,7 @@ def test_padding_a_batch_to_a_bucket_shape_changes_no_logit(scorer):
     torch.testing.assert_close(padded, exact, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_compiled_scorer_equals_eager_and_compiles_one_graph_for_every_batch_shape(tiny_dir):
     eager = Scorer(tiny_dir, device="cpu")
     compiled = Scorer(tiny_dir, device="cpu", compile=True, max_batch_tokens=256)
@@ -138,7 +140,7 @@ def test_compiling_for_cuda_asks_for_cuda_graphs_and_eager_roundings_in_one_set_
         assert cuda.compile_options["emulate_precision_casts"] and cpu.compile_options["emulate_precision_casts"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_cuda_scores_equal_crossencoder(tiny_dir, dtype):
     from sentence_transformers import CrossEncoder
@@ -149,7 +151,7 @@ def test_cuda_scores_equal_crossencoder(tiny_dir, dtype):
     np.testing.assert_allclose(ours, exact, atol=tol, rtol=tol)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_compiled_with_cuda_graphs_equals_eager(tiny_dir):
     eager = Scorer(tiny_dir, device="cuda", dtype="bfloat16")
     graphs = Scorer(tiny_dir, device="cuda", dtype="bfloat16", compile=True)
@@ -236,6 +238,7 @@ def varlen_on_cpu(monkeypatch):
     return on_varlen, calls
 
 
+@pytest.mark.slow
 def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compiled_equals_the_cpu_path(
         tiny_dir, varlen_on_cpu):
     """What CUDA runs, but for CUDA graphs and flash attention's own kernel: torch's varlen_attn on the packed
@@ -259,6 +262,7 @@ def test_the_cuda_paths_glue_through_torchs_varlen_attn_eager_bucketed_and_compi
     assert calls and compiled.runner.graphs <= 2 < len(compiled.runner.shapes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "pads"), [("bert", False), ("distilbert", False), ("modernbert-cls", False), ("modernbert-mean", False), ("deberta-v3", True)]
 )
@@ -277,6 +281,7 @@ def test_a_model_pads_pairs_where_its_attention_lays_them_out_padded(name, pads,
     assert Scorer(path, device="cpu").runner.pads_pairs is True
 
 
+@pytest.mark.slow
 def test_batches_on_the_packed_stream_fill_the_budget_and_score_as_slack_bounded_ones(tiny_dir):
     from xenc_lab.cpu import native
 

@@ -46,6 +46,7 @@ def test_the_same_name_and_seed_reuse_one_checkpoint(tiny):
         decoder.decoder_reranker("qwen3-huge", tiny.parent)
 
 
+@pytest.mark.slow
 def test_bench_decoder_rows_follow_their_definitions_and_the_report_keeps_the_rest(tiny, tmp_path, monkeypatch):
     """End to end through the CLI on the tiny model (6 documents, 1 repeat): per dtype one row per engine; sharing on
     computes fewer tokens than the pairs hold and sharing off all of them; ideal gain = total / computed, measured

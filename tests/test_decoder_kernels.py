@@ -122,6 +122,7 @@ def test_paged_attention_rejects_bad_inputs():
         attend(q, three(k), three(v), three(kc), three(vc), index, cu_q, cu_k, 4, 0.3)
 
 
+@pytest.mark.slow
 def test_paged_attention_is_traceable_by_torch_compile():
     gen = torch.Generator().manual_seed(9)
     problem = paged_problem(gen, torch.float32, [4, 9], [3, 0], 4, 2, 16)

@@ -112,6 +112,7 @@ def _run(model, choices, chunks, cache=None, page_size: int = 16) -> torch.Tenso
         return model(batch, choices, cache)[: len(batch.pairs)].float()
 
 
+@pytest.mark.slow
 def test_checkpoint_names_and_shapes_are_the_modules(spec):
     name, path, _ = spec
     with safe_open(path / "model.safetensors", framework="pt") as f:
@@ -173,6 +174,7 @@ def test_a_prefix_in_the_kv_cache_gives_the_whole_sequences_scores(spec):
     torch.testing.assert_close(ours, whole, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("false_id", [NO, None])
 def test_logit_score_is_true_minus_false_logit_in_the_model_dtype(tmp_path, false_id):
     torch.manual_seed(0)

@@ -13,6 +13,8 @@ ray = pytest.importorskip("ray")
 
 from xenc_lab.distributed import RayScorer, actor_rate, plan_actors, read_table, score_dataset
 
+pytestmark = pytest.mark.slow  # minutes on 2 cores: the edit-test lane leaves it out
+
 ROWS = 100_000
 KILL_ROWS = 30_000
 

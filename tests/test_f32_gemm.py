@@ -277,6 +277,7 @@ def test_prepacked_linear_takes_it_for_gelu_only_and_copies_the_weight_at_the_fi
     assert onednn._gelu_blocks is None
 
 
+@pytest.mark.slow
 @needs_gemm
 @needs_prepacked
 def test_compiled_it_computes_what_it_computes_eagerly(monkeypatch):
@@ -366,6 +367,7 @@ def test_fp16_layers_are_prepacked_where_onednn_has_no_fp16_gemm(monkeypatch, on
     assert got.dtype == torch.float16 and ((got.double() - want.double()).abs() <= want.double().abs() * 2**-8 + 2e-3).all()
 
 
+@pytest.mark.slow
 @needs_gemm
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_compiled_it_stays_one_op_on_16_bit_tensors(dtype):

@@ -288,6 +288,7 @@ def test_asked_for_where_it_cannot_run_the_layer_takes_the_fp32_route(monkeypatc
     assert ((layer(x).double() - linear(x).double()).abs() <= linear(x).double().abs() * 2**-7 + 1e-30).all()
 
 
+@pytest.mark.slow
 @needs_half_gemm
 @needs_onednn_bf16
 def test_compiled_it_stays_one_op_on_bf16_tensors():

@@ -40,6 +40,7 @@ def probe(*args: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap only")
 def test_keep_freed_batches_serves_big_tensors_from_the_heap_and_repeat_batches_take_few_page_faults():
     default, raised = probe(), probe("raised")

@@ -282,6 +282,7 @@ def check_traceable_by_torch_compile(op, attention, dtype) -> None:
     assert torch.equal(torch.compile(layer, fullgraph=True)(qkv, cu), layer(qkv, cu))
 
 
+@pytest.mark.slow
 def test_traceable_by_torch_compile(attention):
     check_traceable_by_torch_compile(torch.ops.xenc_lab.packed_attention, attention, torch.float32)
 
@@ -307,16 +308,19 @@ def call_in_subprocess(env: dict[str, str]) -> tuple[bool, list[str]]:
     return tuple(json.loads(run.stdout.splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_disabled_by_environment_variable():
     all_none, records = call_in_subprocess({"XENC_LAB_NO_KERNELS": "1"})
     assert all_none and len(records) == 1 and records[0].startswith("WARNING") and "XENC_LAB_NO_KERNELS" in records[0]
 
 
+@pytest.mark.slow
 def test_no_compiler_means_none_and_one_warning(tmp_path):
     all_none, records = call_in_subprocess({"CXX": str(tmp_path / "no-such-c++"), "XENC_LAB_CACHE": str(tmp_path)})
     assert all_none and len(records) == 1 and records[0].startswith("WARNING") and "unavailable" in records[0]
 
 
+@pytest.mark.slow
 def test_a_build_killed_halfway_does_not_block_the_next(tmp_path):
     """The first use builds the library; a process killed during that build (a notebook kernel restarted) must
     leave nothing that makes the next process wait or fail."""
@@ -349,6 +353,7 @@ OTHER_BUILDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", list(OTHER_BUILDS))
 def test_the_builds_of_other_cpus(attention, build, monkeypatch):
     flags, needs, own = OTHER_BUILDS[build]

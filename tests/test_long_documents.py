@@ -140,6 +140,7 @@ def test_a_document_that_fits_scores_the_same_in_every_mode(scorer):
         assert np.array_equal(scorer.predict(fits, long_documents=mode, window_stride=1), want), mode
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stride", [None, 5])
 @pytest.mark.parametrize("which", ["scorer", "scorer32"])
 def test_max_and_mean_are_those_of_the_windows_scored_by_transformers(request, oracle, which, stride):
@@ -162,6 +163,7 @@ def test_the_first_windows_score_bit_for_bit_as_the_truncated_pairs_among_many_w
     assert torch.equal(first_window_logits(scorer, pairs, 3), scorer.logits(pairs))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(pairs=S.mixed_pairs, stride=st.sampled_from([None, 4, 40]))
 def test_max_is_never_below_truncate_the_first_windows_scoring_as_the_truncated_pairs(scorer, pairs, stride):
@@ -170,6 +172,7 @@ def test_max_is_never_below_truncate_the_first_windows_scoring_as_the_truncated_
     assert torch.equal(first_window_logits(scorer, pairs, stride), scorer.logits(pairs))
 
 
+@pytest.mark.slow
 def test_windows_of_pairs_split_across_the_engines_input_blocks_keep_their_pairs(scorer, monkeypatch):
     want = {mode: scorer.predict(PAIRS * 3, long_documents=mode) for mode in ("max", "mean")}
     monkeypatch.setattr(engine, "INPUT_BLOCK", 2)  # pairs tokenized two at a time: the rows' pairs offset per block
@@ -202,6 +205,7 @@ def test_aggregate_takes_each_pairs_max_mean_and_first_window():
 
 
 # -- options per Scorer and per call ----------------------------------------------------------------
+@pytest.mark.slow
 def test_the_scorers_mode_and_stride_are_the_default_and_a_call_overrides_them(tiny_dir, scorer):
     long = Scorer(tiny_dir, device="cpu", long_documents="max", window_stride=5)
     assert (long.config.long_documents, long.config.window_stride) == ("max", 5)
@@ -319,6 +323,7 @@ def test_a_decoders_windows_keep_the_template_around_slices_of_the_document_cove
     assert len(decoder_windows(decoder, DECODER_PAIRS)[3]) == 1, "a query that fills the row leaves one window"
 
 
+@pytest.mark.slow
 def test_a_decoders_modes_first_equals_truncate_and_max_and_mean_are_those_of_transformers(qwen3, decoder):
     from transformers import AutoModelForCausalLM
 

@@ -137,6 +137,7 @@ def test_score_of_any_objects_returns_scores_or_raises_a_clear_error(scorer, tex
     assert isinstance(out, float) or np.ndim(out) == 1
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(options=st.dictionaries(st.sampled_from(["batch_size", "show_progress_bar", "apply_softmax", "convert_to_numpy",
                                                 "convert_to_tensor", "prompt", "prompt_name", "max_length"]),
@@ -155,6 +156,7 @@ def test_a_nan_from_a_missing_cell_is_named_by_its_place(scorer):
 
 
 # -- iterators ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_generator_of_pairs_scores_as_the_list_does_and_is_consumed_block_by_block(scorer, monkeypatch):
     pulled, seen_at_first_batch = [0], []
     runner = scorer.runner
@@ -180,6 +182,7 @@ def test_a_generator_of_pairs_scores_as_the_list_does_and_is_consumed_block_by_b
     np.testing.assert_allclose(streamed, np.resize(want, STREAM_BLOCK + 500), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_bad_pair_late_in_a_generator_is_named_by_its_place_in_the_whole_input(scorer):
     def pairs():
         yield from PAIRS * (STREAM_BLOCK // len(PAIRS) + 1)
@@ -216,6 +219,7 @@ def _hammer(scorer, sets, rounds=3):
     return results, errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
 def test_threads_sharing_a_scorer_get_the_scores_of_sequential_calls(kind, scorer, tmp_path_factory):
     # A decoder without the Scorer's lock: threads take each other's KV-cache pages ("2 pages asked for, 0 free").
@@ -232,6 +236,7 @@ def test_threads_sharing_a_scorer_get_the_scores_of_sequential_calls(kind, score
             np.testing.assert_array_equal(got, sequential[i])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
 def test_a_keyboard_interrupt_mid_run_leaves_the_scorer_usable_and_right(kind, tiny_dir, tmp_path_factory,
                                                                          monkeypatch):

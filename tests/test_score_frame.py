@@ -57,6 +57,7 @@ def test_a_three_label_model_gives_one_column_per_label_named_after_it(scorer3, 
     assert delta.max() <= ATOL
 
 
+@pytest.mark.slow
 def test_other_column_names_and_predict_options_are_used(scorer, frame):
     renamed = frame.rename(columns={"query": "q", "passage": "doc"})
     out = scorer.score_frame(renamed, "q", "doc", column="relevance", apply_softmax=False, batch_size=2,

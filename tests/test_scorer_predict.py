@@ -78,6 +78,7 @@ def test_predict_convert_to_tensor_gives_a_float32_torch_tensor(scorer, pairs):
     assert isinstance(single, torch.Tensor) and single.ndim == 0
 
 
+@pytest.mark.slow
 def test_predict_scores_do_not_depend_on_batch_size(scorer, pairs):
     want = scorer.predict(pairs)
     for batch_size in (1, 2, 5):
@@ -121,6 +122,7 @@ def _crossencoder_logits(dtype: str, pairs_of: str) -> np.ndarray:
     return model.predict(_half_test_pairs(pairs_of), activation_fn=torch.nn.Identity())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "gemm, attention, compile",
     [
@@ -152,6 +154,7 @@ def test_bfloat16_error_is_no_larger_than_sentence_transformers_own(gemm, attent
     assert our_error.max() <= 1.5 * their_error.max() and our_error.mean() <= 1.5 * their_error.mean()
 
 
+@pytest.mark.slow
 def test_float16_error_is_that_of_sentence_transformers_own(monkeypatch):
     """fp16 layers take the fp32 route wherever oneDNN has no fp16 GEMM (exact fp16 products, fp32 sums, one
     rounding), attention the kernel: on the real MiniLM-L6 weights our fp16 logits are about as far from
@@ -491,6 +494,7 @@ def test_predict_and_rank_take_the_scorers_own_device_and_refuse_another(scorer,
 
 
 # -- what the activation returns ----------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("activation, atol", [(lambda t: t.double(), ATOL), (lambda t: t.half(), 2e-3), (lambda t: t > 0, 0)],
                          ids=["float64", "float16", "bool"])
 def test_numpy_scores_are_float32_whatever_the_activation_returns_as_the_oracles(scorer, oracle, scorer3, oracle3, pairs,

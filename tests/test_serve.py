@@ -325,6 +325,7 @@ def test_serve_command_binds_loopback_by_default_and_warns_on_any_other_address(
     assert seen[-1]["host"] == "0.0.0.0" and "no authentication" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_importing_xenc_lab_does_not_import_the_web_stack():
     import subprocess
     import sys
@@ -335,6 +336,7 @@ def test_importing_xenc_lab_does_not_import_the_web_stack():
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_no_request_generated_from_the_openapi_schema_gets_a_server_error(served):
     """100 requests drawn from every operation's schema, valid and invalid (wrong types, missing fields, odd media
     types, edge values), by schemathesis: each is answered 2xx or 4xx."""

@@ -16,6 +16,8 @@ from xenc_lab.serve.batcher import Batcher, QueueFull
 from xenc_lab.serve.bench import LoadResult, drive, report_section, score_bodies
 from xenc_lab.serve.server import ServerThread
 
+pytestmark = pytest.mark.slow  # minutes on 2 cores: the edit-test lane leaves it out
+
 
 class Panic(BaseException):
     """What a Rust panic in the tokenizer raises (pyo3's PanicException derives from BaseException)."""

@@ -47,6 +47,7 @@ def test_a_value_outside_the_choices_is_refused_naming_them_and_case_does_not_ma
     assert settings.get("XENC_LAB_CPU_BATCH_SHAPES") is None
 
 
+@pytest.mark.slow
 def test_a_loaded_scorer_keeps_its_choices_whatever_the_environment_says_later(tiny_dir, pairs, monkeypatch):
     monkeypatch.setenv("XENC_LAB_CPU_ATTENTION", "sdpa")
     monkeypatch.setenv("XENC_LAB_FIRST_TOKEN_KV", "projected")

@@ -23,6 +23,8 @@ from sentence_transformers.cross_encoder.evaluation import (
     CrossEncoderRerankingEvaluator,
 )
 
+pytestmark = pytest.mark.slow  # the real MiniLM-L6 weights and NanoBEIR: minutes on 2 cores
+
 # (query, its relevant sentences): distinct topics, so every other topic's sentences are negatives.
 TOPICS = [
     ("how tall is mount everest", ["Mount Everest rises 8,849 metres above sea level.",

@@ -147,6 +147,7 @@ def test_it_runs_where_onednn_takes_vnni_pairs():
         assert kernels.tiles_available(torch.float16)
 
 
+@pytest.mark.slow
 def test_traceable_by_torch_compile(dtype):
     check_traceable_by_torch_compile(torch.ops.xenc_lab.packed_attention_tiles, tiles, dtype)
 

@@ -53,6 +53,7 @@ def pair_tokenizer(tiny_dir):
 texts = st.lists(st.sampled_from(WORDS), max_size=90).map(" ".join) | st.text(max_size=40)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(pairs=st.lists(st.tuples(texts, texts), min_size=1, max_size=6), max_length=st.sampled_from([3, 4, 9, 16, 64]),
        side=st.sampled_from(["right", "left"]))

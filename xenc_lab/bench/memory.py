@@ -109,22 +109,37 @@ def peak_memory_mb(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def memory_facts(small: dict, large: dict, sizes: tuple[int, int] = (2000, 20000)) -> dict:
+    """What the report says of two ``peak_memory_mb`` probes of ``sizes`` pairs, as numbers (MB, counts), each a
+    (small, large) pair: ``held`` with the model and the input, ``loaded`` before the input, ``peak`` and ``growth`` (peak
+    over held), the input ``ratio``, whether the peaks are scoring's own (``scoring_peak``: else the process's lifetime
+    peak), ``token_counts``, ``batch_shapes`` and, on a GPU, ``peak_gpu``."""
+    both = lambda key: (small[key], large[key])
+    facts = {"sizes": tuple(sizes), "held": both("input_rss"), "loaded": both("loaded_rss"), "peak": both("peak_rss"),
+             "growth": (small["peak_rss"] - small["input_rss"], large["peak_rss"] - large["input_rss"]),
+             "ratio": sizes[1] // sizes[0], "scoring_peak": bool(small["peak_is_scoring_s"] and large["peak_is_scoring_s"]),
+             "token_counts": both("token_counts"), "batch_shapes": both("batch_shapes")}
+    if "peak_gpu" in small:
+        facts["peak_gpu"] = both("peak_gpu")
+    return facts
+
+
 def memory_note(small: dict, large: dict, dtype: str, device: str, sizes: tuple[int, int] = (2000, 20000),
                 workload: str = "mixed") -> str:
-    """The report's sentence on two ``peak_memory_mb`` probes of ``sizes`` pairs."""
-    (n_small, n_large), grow = sizes, lambda probe: probe["peak_rss"] - probe["input_rss"]
-    what = "the peak while scoring" if small["peak_is_scoring_s"] and large["peak_is_scoring_s"] else (
+    """The report's sentence on two ``peak_memory_mb`` probes of ``sizes`` pairs (``memory_facts`` in words)."""
+    f = memory_facts(small, large, sizes)
+    what = "the peak while scoring" if f["scoring_peak"] else (
         "the process's lifetime peak (loading included: no high-water mark to reset here)")
     note = (
         f"Memory of a fresh process scoring {workload} pairs in {dtype} on {device}: with the model loaded and the input "
-        f"built it held {small['input_rss']:.0f} MB for {n_small:,} pairs and {large['input_rss']:.0f} MB for "
-        f"{n_large:,} ({small['loaded_rss']:.0f} and {large['loaded_rss']:.0f} MB before the input); {what} was "
-        f"{small['peak_rss']:.0f} and {large['peak_rss']:.0f} MB, {grow(small):+.0f} and {grow(large):+.0f} MB over that "
-        f"for {n_large // n_small}x the input. The runs met {small['token_counts']} and {large['token_counts']} batch "
-        f"token counts ({small['batch_shapes']} and {large['batch_shapes']} batch shapes)."
+        f"built it held {f['held'][0]:.0f} MB for {f['sizes'][0]:,} pairs and {f['held'][1]:.0f} MB for "
+        f"{f['sizes'][1]:,} ({f['loaded'][0]:.0f} and {f['loaded'][1]:.0f} MB before the input); {what} was "
+        f"{f['peak'][0]:.0f} and {f['peak'][1]:.0f} MB, {f['growth'][0]:+.0f} and {f['growth'][1]:+.0f} MB over that "
+        f"for {f['ratio']}x the input. The runs met {f['token_counts'][0]} and {f['token_counts'][1]} batch "
+        f"token counts ({f['batch_shapes'][0]} and {f['batch_shapes'][1]} batch shapes)."
     )
-    if "peak_gpu" in small:
-        note += f" Peak GPU memory held by torch: {small['peak_gpu']:.0f} MB and {large['peak_gpu']:.0f} MB."
+    if "peak_gpu" in f:
+        note += f" Peak GPU memory held by torch: {f['peak_gpu'][0]:.0f} MB and {f['peak_gpu'][1]:.0f} MB."
     return note
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,10 @@ import torch
 from ..cpu.info import cpu_info
 from ..cpu.kernels import widened_gemm_available
 from .timing import BenchRow, device_name
+
+
+TABLE_COLUMNS = ("workload", "dtype", "engine", "pairs", "mean tokens", "pairs/s", "ratio", "GFLOP/s", "ceiling",
+                 "max abs delta", "error vs ST's own")  # the last only where some row has an error ratio
 
 
 def as_dicts(rows: list[BenchRow]) -> list[dict]:
@@ -63,22 +67,65 @@ _FP16_NOTE = (
 )
 
 
+@dataclass
+class ReportFacts:
+    """What reports/throughput.md says beyond its rows, as the numbers and choices it is written from."""
+
+    machine: str
+    errors: bool  # the table has the `error vs ST's own` column: some xenc_lab row at a dtype other than float32
+    ceilings: dict[str, float]  # dtype -> the GEMM rate at the model's shapes, GFLOP/s (gflops / ceiling_share)
+    bf16_gemm: str  # how xenc_lab's bf16 GEMMs ran: "" (no note), "native", "fp32" or "fp16"
+    native_bf16_gflops: float = 0.0  # where they did not run native: oneDNN's native bf16 rate
+    fp32_bf16_gflops: float = 0.0  # where they ran in fp16: the fp32 route's rate
+    own_fp32_gemm: bool = False  # the fp32 route is xenc_lab's own GEMM around oneDNN's ukernel
+    # (workload, dtype) -> GFLOP/s of attention alone by path ("kernel", "tiles" where measured, "sdpa"), and "ran"
+    attention: dict[tuple[str, str], dict] = field(default_factory=dict)
+    drift: dict[tuple[str, str], float] = field(default_factory=dict)  # sentence-transformers' fp32 drift
+    compiled: dict[str, tuple[int, float, int]] = field(default_factory=dict)  # dtype -> (graphs, seconds, shapes)
+
+
+def report_facts(rows: list[BenchRow]) -> ReportFacts:
+    """The facts the report states about ``rows`` (one device's)."""
+    devices = sorted({r.device for r in rows})
+    if len(devices) > 1:
+        raise ValueError(f"a report covers one device, got rows from {devices}")
+    facts = ReportFacts(machine=machine(devices[0]), errors=any(_compared(r) for r in rows),
+                        ceilings={r.dtype: r.gflops / r.ceiling_share for r in rows if r.ceiling_share}, bf16_gemm="")
+    bf16 = next((r for r in rows if r.dtype == "bfloat16" and r.native_bf16_gflops), None)
+    if bf16:
+        facts.bf16_gemm = "fp16" if bf16.bf16_gemm == "fp16" else "fp32"
+        facts.native_bf16_gflops, facts.fp32_bf16_gflops = bf16.native_bf16_gflops, bf16.fp32_bf16_gflops
+        facts.own_fp32_gemm = facts.bf16_gemm == "fp32" and widened_gemm_available()
+    elif any(r.dtype == "bfloat16" and r.bf16_gemm == "native" for r in rows):
+        facts.bf16_gemm = "native"
+    for r in rows:
+        if r.attention_path:
+            facts.attention[(r.workload, r.dtype)] = {
+                "kernel": r.kernel_attention_gflops, **({"tiles": r.tiles_attention_gflops} if r.tiles_attention_gflops
+                                                        else {}), "sdpa": r.sdpa_attention_gflops, "ran": r.attention_path}
+        if r.oracle_drift:
+            facts.drift[(r.workload, r.dtype)] = r.oracle_drift
+        if r.compiled_graphs:  # the last compiled row of a dtype: its counts cover the dtype's runs so far
+            facts.compiled[r.dtype] = (r.compiled_graphs, r.compile_seconds, r.batch_shapes)
+    return facts
+
+
+def _compared(r: BenchRow) -> bool:
+    return r.dtype != "float32" and r.engine != "sentence-transformers"
+
+
 def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str = "") -> Path:
     """reports/throughput.md and reports/throughput.png from benchmark rows, and the rows themselves with the
     machine and the command in reports/throughput.json (for comparing runs)."""
     if not rows:
         raise ValueError(f"no benchmark rows to report: {out_dir} is left as it was")
+    facts = report_facts(rows)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    devices = sorted({r.device for r in rows})
-    if len(devices) > 1:
-        raise ValueError(f"a report covers one device, got rows from {devices}")
-    compared = lambda r: r.dtype != "float32" and r.engine != "sentence-transformers"
-    errors = any(compared(r) for r in rows)  # a column where some dtype is not float32
     lines = [
         "# Throughput: xenc_lab against sentence-transformers",
         "",
-        f"Machine: {machine(devices[0])}. Regenerate with `{command}`.",
+        f"Machine: {facts.machine}. Regenerate with `{command}`.",
         (
             "Both engines in one process on the same pairs, alternating runs, tokenization included; "
             "`ratio` is pairs/s over sentence-transformers' `CrossEncoder.predict(batch_size=32)` at the same dtype. "
@@ -87,63 +134,53 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
             "(xenc_lab skips the last layer's work on all but the first token, so its share can pass 100%). "
             "`max abs delta` is against sentence-transformers in fp32 on the same pairs (raw logits)."
             + (" `error vs ST's own`, at a dtype other than float32: xenc_lab's mean abs delta (and max) over "
-               "sentence-transformers' own at that dtype, on the same pairs." if errors else "")
+               "sentence-transformers' own at that dtype, on the same pairs." if facts.errors else "")
         ),
         "",
-        "| workload | dtype | engine | pairs | mean tokens | pairs/s | ratio | GFLOP/s | ceiling | max abs delta |"
-        + (" error vs ST's own |" if errors else ""),
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if errors else ""),
+        "| " + " | ".join(TABLE_COLUMNS[: len(TABLE_COLUMNS) - (not facts.errors)]) + " |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if facts.errors else ""),
     ]
     for r in rows:
         error = (f" {r.error_ratio:.2f} (max {r.max_error_ratio:.2f}) |" if r.error_ratio
-                 else " n/a (ST's own error is 0) |" if compared(r) else " |")
+                 else " n/a (ST's own error is 0) |" if _compared(r) else " |")
         lines.append(
             f"| {r.workload} | {r.dtype} | {r.engine} | {r.pairs} | {r.mean_tokens:.0f} | {r.pairs_per_s:.1f} | "
             f"{r.ratio:.2f}x | {r.gflops:.0f} | {100 * r.ceiling_share:.0f}% | {r.max_abs_delta:.1e} |"
-            + (error if errors else "")
+            + (error if facts.errors else "")
         )
-    ceilings = {r.dtype: r.gflops / r.ceiling_share for r in rows if r.ceiling_share}
     lines += ["", "GEMM rate measured at the model's shapes (the ceiling): "
-              + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in ceilings.items()) + "."]
-    bf16 = next((r for r in rows if r.dtype == "bfloat16" and r.native_bf16_gflops), None)
-    if bf16:
-        lines += ["", f"On this CPU oneDNN's native bf16 GEMMs ran at {bf16.native_bf16_gflops:.0f} GFLOP/s: without AMX, an "
-                  "Intel core issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 FMAs. "
-                  + (_FP16_NOTE.format(fp32=bf16.fp32_bf16_gflops) if bf16.bf16_gemm == "fp16" else _FP32_NOTE
-                     + (_OWN_FP32_NOTE if widened_gemm_available() else ""))
+              + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in facts.ceilings.items()) + "."]
+    if facts.bf16_gemm in ("fp16", "fp32"):
+        lines += ["", f"On this CPU oneDNN's native bf16 GEMMs ran at {facts.native_bf16_gflops:.0f} GFLOP/s: without "
+                  "AMX, an Intel core issues one bf16 dot product (two multiply-adds per lane) per cycle against two fp32 "
+                  "FMAs. " + (_FP16_NOTE.format(fp32=facts.fp32_bf16_gflops) if facts.bf16_gemm == "fp16" else _FP32_NOTE
+                              + (_OWN_FP32_NOTE if facts.own_fp32_gemm else ""))
                   + " The weights and activations stay bf16, and the bf16 ceiling above is the rate of the GEMM "
                   "xenc_lab ran. sentence-transformers' bf16 runs native."]
-    elif any(r.dtype == "bfloat16" and r.bf16_gemm == "native" for r in rows):
+    elif facts.bf16_gemm == "native":
         lines += ["", _NATIVE_NOTE]
-    attention = {(r.workload, r.dtype): r for r in rows if r.attention_path}
-    if attention:
+    if facts.attention:
         lines += ["", "Attention alone at the model's head shapes, on 4096-token batches of pairs of the workload's mean "
                   "length, GFLOP/s: " + "; ".join(
-                      f"{w} {dt}: kernel {r.kernel_attention_gflops:.0f}, "
-                      + (f"tiles {r.tiles_attention_gflops:.0f}, " if r.tiles_attention_gflops else "")
-                      + f"SDPA {r.sdpa_attention_gflops:.0f} (ran: {r.attention_path})" for (w, dt), r in attention.items()) + ". "
+                      f"{w} {dt}: " + ", ".join(f"{'SDPA' if path == 'sdpa' else path} {rate:.0f}"
+                                                 for path, rate in a.items() if path != "ran") + f" (ran: {a['ran']})"
+                      for (w, dt), a in facts.attention.items()) + ". "
                   "xenc_lab's kernel reads the packed stream in place; SDPA's time includes laying the pairs out and back. "
                   "Where the CPU has AMX for the dtype, the kernel's tile path (Q K^T and P V as oneDNN GEMMs on AMX "
                   "tiles) and SDPA are measured against the kernel at the model's head shapes and the fastest runs; "
                   "elsewhere the kernel (`XENC_LAB_CPU_ATTENTION` forces one)."]
-    drifted = {(r.workload, r.dtype): r.oracle_drift for r in rows if r.oracle_drift}
-    if drifted:
+    if facts.drift:
         lines += ["", "sentence-transformers' own fp32 logits moved between two identical calls in this run by up to "
-                  + ", ".join(f"{d:.1e} ({w}, {dt})" for (w, dt), d in drifted.items())
+                  + ", ".join(f"{d:.1e} ({w}, {dt})" for (w, dt), d in facts.drift.items())
                   + ": deltas against that reference are no finer than this."]
-    compiled = [r for r in rows if r.compiled_graphs]
-    if compiled:
-        last = {r.dtype: r for r in compiled}
-        lines += [""] + [
-            f"compile=True, {dtype}: {r.compiled_graphs} graph(s) compiled in {r.compile_seconds:.0f} s for "
-            f"{r.batch_shapes} distinct batch shapes (first calls, outside the timed runs)."
-            for dtype, r in last.items()
-        ]
+    lines += [""] * bool(facts.compiled) + [
+        f"compile=True, {dtype}: {graphs} graph(s) compiled in {seconds:.0f} s for {shapes} distinct batch shapes "
+        "(first calls, outside the timed runs)." for dtype, (graphs, seconds, shapes) in facts.compiled.items()]
     if notes:
         lines += ["", notes]
     lines += ["", "![pairs/s by mode and workload](throughput.png)", ""]
     (out_dir / "throughput.md").write_text("\n".join(lines))
-    record = {"machine": machine(devices[0]), "command": command, "notes": notes, "rows": as_dicts(rows)}
+    record = {"machine": facts.machine, "command": command, "notes": notes, "rows": as_dicts(rows)}
     (out_dir / "throughput.json").write_text(json.dumps(record, indent=1) + "\n")
 
     from matplotlib.figure import Figure  # not pyplot: no backend is chosen for the process, no figure left open

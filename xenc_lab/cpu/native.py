@@ -28,8 +28,8 @@ _CSRC = Path(__file__).parent.parent / "csrc"
 # The extension's translation units, compiled together into one library (the headers next to them are included).
 _SOURCES = [
     _CSRC / name
-    for name in ("ops.cpp", "attention.cpp", "attention_tiles.cpp", "folded_pool.cpp", "layer_norm.cpp", "rms_norm.cpp",
-                 "gemm_f32.cpp", "gemm_half.cpp")
+    for name in ("ops.cpp", "checks.cpp", "ops_attention.cpp", "attention.cpp", "attention_tiles.cpp", "folded_pool.cpp",
+                 "layer_norm.cpp", "rms_norm.cpp", "gemm_f32.cpp", "gemm_half.cpp")
 ]
 _NAME = "xenc_lab_kernels"
 

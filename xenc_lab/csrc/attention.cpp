@@ -29,10 +29,8 @@
 // packing).
 //
 // In bf16 and fp16 there is a second path, the tile path (attention_tiles.cpp): the two products as oneDNN GEMMs
-// (AMX tiles where the CPU has them), the same softmax between them. Which one runs is the caller's choice.
-
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+// (AMX tiles where the CPU has them), the same softmax between them. Which one runs is the caller's choice. The
+// operators that take torch tensors, check them and call in here (run_kernel) are ops_attention.cpp.
 
 #include <algorithm>
 #include <cmath>
@@ -45,13 +43,11 @@
 #include <vector>
 
 #include "attention.h"
-#include "ops.h"
 #include "vec.h"
 
 namespace xenc_lab {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
 
 #if XENC_AVX512
 // Register blocking: kRows queries x kKeyVecs 16-key vectors of scores, kRows x kColVecs 16-column vectors of
@@ -489,200 +485,10 @@ class Worker {
   int64_t packed_seq_ = -1, packed_head_ = -1;
 };
 
-// ---------------------------------------------------------------------------------------------------------------
-// The operator.
-
-std::vector<int64_t> read_offsets(const at::Tensor& cu, const char* name) {
-  TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 1, name, " must be 1-D with at least one element, got shape ",
-              cu.sizes());
-  TORCH_CHECK(cu.device().is_cpu(), name, " must be on the CPU");
-  std::vector<int64_t> out(cu.numel());
-  if (cu.scalar_type() == at::kInt) {
-    const auto a = cu.accessor<int32_t, 1>();
-    for (int64_t i = 0; i < cu.numel(); ++i) out[i] = a[i];
-  } else {
-    TORCH_CHECK(cu.scalar_type() == at::kLong, name, " must be int32 or int64, got ", cu.scalar_type());
-    const auto a = cu.accessor<int64_t, 1>();
-    for (int64_t i = 0; i < cu.numel(); ++i) out[i] = a[i];
-  }
-  return out;
-}
-
-void check_operand(const at::Tensor& x, const char* name, const at::Tensor& q) {
-  TORCH_CHECK(x.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(x.dim() == 2, name, " must be 2-D (tokens, heads * head_dim), got shape ", x.sizes());
-  TORCH_CHECK(x.scalar_type() == q.scalar_type(), name, " has dtype ", x.scalar_type(), " but q has ",
-              q.scalar_type());
-  TORCH_CHECK(x.size(1) == q.size(1), name, " has ", x.size(1), " columns but q has ", q.size(1));
-  TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, name, " must have contiguous columns (stride 1), got strides ",
-              x.strides());
-  TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= 0, name, " must have non-negative row stride");
-}
-
-// q's dtype, columns and head split, checked for `op`; returns the head dim.
-int64_t check_queries(const at::Tensor& q, int64_t num_heads, const char* op) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
-              op, " supports float32, bfloat16 and float16, got ", q.scalar_type());
-  check_operand(q, "q", q);
-  TORCH_CHECK(num_heads > 0 && q.size(1) % num_heads == 0, "num_heads (", num_heads, ") must divide the ",
-              q.size(1), " columns of q");
-  const int64_t head_dim = q.size(1) / num_heads;
-  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "head_dim must be in [1, ", kMaxHeadDim, "], got ",
-              head_dim);
-  return head_dim;
-}
-
-// Rows of the output outside every sequence (a filler tail) are zero.
-template <typename T>
-void zero_outside_sequences(const Problem<T>& p, at::Tensor& out) {
-  const int64_t row_bytes = out.size(1) * static_cast<int64_t>(sizeof(T));
-  if (out.numel() > 0) {
-    std::memset(p.out, 0, p.cu_q.front() * row_bytes);
-    std::memset(p.out + p.cu_q.back() * p.out_stride, 0, (out.size(0) - p.cu_q.back()) * row_bytes);
-  }
-}
-
-template <typename T>
-void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, std::vector<int64_t> cu_q,
-         std::vector<int64_t> cu_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
-  Problem<T> p{q.const_data_ptr<T>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
-               q.stride(0), k.stride(0), v.stride(0), out.stride(0), std::move(cu_q), std::move(cu_k),
-               num_heads, q.size(1) / num_heads, static_cast<float>(scale), window < 0 ? -1 : window / 2};
-  zero_outside_sequences(p, out);
-  if constexpr (std::is_same_v<T, float>) {
-    run_items<Worker<T>>(p);
-  } else {
-#if XENC_TILES
-    if (tiles) {
-      run_tiles(p);
-      return;
-    }
-#endif
-    run_items<Worker<T>>(p);
-  }
-}
-
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-                     const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale, int64_t window, bool tiles) {
-  check_queries(q, num_heads, "packed_attention");
-  check_operand(k, "k", q);
-  check_operand(v, "v", q);
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
-  TORCH_CHECK(window >= -1, "window must be >= 0 (or -1 for full attention), got ", window);
-
-  TORCH_CHECK(!tiles || XENC_TILES, "the tile path was not built here (it needs AVX-512 and ATen's cpublas brgemm)");
-  TORCH_CHECK(!tiles || q.scalar_type() != at::kFloat, "the tile path takes bfloat16 or float16, got float32");
-
-  std::vector<int64_t> cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q");
-  std::vector<int64_t> cu_k = read_offsets(cu_seqlens_k, "cu_seqlens_k");
-  TORCH_CHECK(cu_q.size() == cu_k.size(), "cu_seqlens_q and cu_seqlens_k must have the same length, got ",
-              cu_q.size(), " and ", cu_k.size());
-  TORCH_CHECK(cu_q.front() >= 0 && cu_q.back() <= q.size(0), "cu_seqlens_q must lie within q's ", q.size(0),
-              " rows");
-  TORCH_CHECK(cu_k.front() >= 0 && cu_k.back() <= k.size(0) && cu_k.back() <= v.size(0),
-              "cu_seqlens_k must lie within the rows of k and v");
-  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
-    const int64_t nq = cu_q[b + 1] - cu_q[b], nk = cu_k[b + 1] - cu_k[b];
-    TORCH_CHECK(nq >= 0 && nk >= 0, "cu_seqlens must be non-decreasing (sequence ", b, ")");
-    TORCH_CHECK(nq <= nk, "sequence ", b, " has ", nq, " queries but only ", nk,
-                " keys; queries are the first tokens of their sequence");
-  }
-
-  at::Tensor out = at::empty({q.size(0), q.size(1)}, q.options());
-  if (q.scalar_type() == at::kFloat) {
-    run<float>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window, tiles);
-  } else if (q.scalar_type() == at::kBFloat16) {
-    run<BFloat16>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window, tiles);
-  } else {
-    run<Half>(q, k, v, out, std::move(cu_q), std::move(cu_k), num_heads, scale, window, tiles);
-  }
-  return out;
-}
-
-template <typename T>
-void run_paged(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-               const at::Tensor& v_cache, const at::Tensor& key_index, at::Tensor& out, std::vector<int64_t> cu_q,
-               std::vector<int64_t> cu_k, int64_t num_heads, double scale) {
-  Problem<T> p{q.const_data_ptr<T>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
-               q.stride(0), k.stride(0), v.stride(0), out.stride(0), std::move(cu_q), std::move(cu_k),
-               num_heads, q.size(1) / num_heads, static_cast<float>(scale), -1};
-  p.causal = true;
-  p.group = num_heads / (k.size(1) / p.head_dim);
-  p.key_index = key_index.const_data_ptr<int64_t>();
-  p.k_cache = k_cache.const_data_ptr<T>();
-  p.v_cache = v_cache.const_data_ptr<T>();
-  p.cache_rows = k_cache.size(0);
-  p.kc_stride = k_cache.stride(0);
-  p.vc_stride = v_cache.stride(0);
-  zero_outside_sequences(p, out);
-  run_items<Worker<T>>(p);
-}
-
 }  // namespace
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& key_index, const at::Tensor& cu_seqlens_q,
-                           const at::Tensor& cu_seqlens_k, int64_t num_heads, double scale) {
-  const int64_t head_dim = check_queries(q, num_heads, "paged_attention");
-  TORCH_CHECK(k.dim() == 2 && k.size(1) % head_dim == 0 && k.size(1) > 0 && num_heads % (k.size(1) / head_dim) == 0,
-              "k must be (tokens, key_heads * ", head_dim, ") with key_heads dividing num_heads (", num_heads,
-              "), got shape ", k.sizes());
-  for (const auto& [x, name] : {std::pair{&k, "k"}, {&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}}) {
-    TORCH_CHECK(x->device().is_cpu() && x->dim() == 2 && x->size(1) == k.size(1), name, " must be a 2-D CPU tensor of ",
-                k.size(1), " columns, got shape ", x->sizes());
-    TORCH_CHECK(x->scalar_type() == q.scalar_type(), name, " has dtype ", x->scalar_type(), " but q has ",
-                q.scalar_type());
-    TORCH_CHECK(x->size(1) <= 1 || x->stride(1) == 1, name, " must have contiguous columns, got strides ",
-                x->strides());
-    TORCH_CHECK(x->size(0) <= 1 || x->stride(0) >= 0, name, " must have non-negative row stride");
-  }
-  TORCH_CHECK(v.size(0) == k.size(0) && v_cache.size(0) == k_cache.size(0),
-              "k and v (and k_cache and v_cache) must have the same number of rows");
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
-  TORCH_CHECK(key_index.device().is_cpu() && key_index.dim() == 1 && key_index.scalar_type() == at::kLong &&
-                  key_index.is_contiguous(),
-              "key_index must be a contiguous 1-D int64 CPU tensor");
-  std::vector<int64_t> cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q");
-  std::vector<int64_t> cu_k = read_offsets(cu_seqlens_k, "cu_seqlens_k");
-  TORCH_CHECK(cu_q.size() == cu_k.size(), "cu_seqlens_q and cu_seqlens_k must have the same length, got ",
-              cu_q.size(), " and ", cu_k.size());
-  TORCH_CHECK(cu_q.front() >= 0 && cu_q.back() <= q.size(0), "cu_seqlens_q must lie within q's ", q.size(0), " rows");
-  TORCH_CHECK(cu_k.front() >= 0 && cu_k.back() <= key_index.numel(), "cu_seqlens_k must lie within key_index's ",
-              key_index.numel(), " entries");
-  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
-    const int64_t nq = cu_q[b + 1] - cu_q[b], nk = cu_k[b + 1] - cu_k[b];
-    TORCH_CHECK(nq >= 0 && nk >= 0, "cu_seqlens must be non-decreasing (sequence ", b, ")");
-    TORCH_CHECK(nq <= nk, "sequence ", b, " has ", nq, " queries but only ", nk,
-                " keys; queries are the last tokens of their sequence");
-  }
-  const int64_t* index = key_index.const_data_ptr<int64_t>();
-  const int64_t rows = k_cache.size(0) + k.size(0);
-  for (int64_t i = cu_k.front(); i < cu_k.back(); ++i) {
-    TORCH_CHECK(index[i] >= 0 && index[i] < rows, "key_index[", i, "] = ", index[i], " is not a row of k_cache (",
-                k_cache.size(0), ") or of k (", k.size(0), ")");
-  }
-
-  at::Tensor out = at::empty({q.size(0), q.size(1)}, q.options());
-  if (q.scalar_type() == at::kFloat) {
-    run_paged<float>(q, k, v, k_cache, v_cache, key_index, out, std::move(cu_q), std::move(cu_k), num_heads, scale);
-  } else if (q.scalar_type() == at::kBFloat16) {
-    run_paged<BFloat16>(q, k, v, k_cache, v_cache, key_index, out, std::move(cu_q), std::move(cu_k), num_heads, scale);
-  } else {
-    run_paged<Half>(q, k, v, k_cache, v_cache, key_index, out, std::move(cu_q), std::move(cu_k), num_heads, scale);
-  }
-  return out;
-}
-
-at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
-                            double scale, int64_t window) {
-  return attention(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window, false);
-}
-
-at::Tensor packed_attention_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
-                                  double scale, int64_t window) {
-  return attention(q, k, v, cu_seqlens_q, cu_seqlens_k, num_heads, scale, window, true);
-}
+void run_kernel(const Problem<float>& p) { run_items<Worker<float>>(p); }
+void run_kernel(const Problem<BFloat16>& p) { run_items<Worker<BFloat16>>(p); }
+void run_kernel(const Problem<Half>& p) { run_items<Worker<Half>>(p); }
 
 }  // namespace xenc_lab

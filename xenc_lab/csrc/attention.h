@@ -19,6 +19,8 @@ namespace xenc_lab {
 // Problem and work items.
 
 // One call's inputs, as raw pointers and element strides.
+constexpr int64_t kMaxHeadDim = 256;  // the widest head the kernel and the tile path take
+
 template <typename T>
 struct Problem {
   const T* q;
@@ -185,6 +187,11 @@ void run_items(const Problem<T>& p) {
     }
   });
 }
+
+// The kernel's run_items (attention.cpp): every query row of every sequence of p.out written, nothing else.
+void run_kernel(const Problem<float>& p);
+void run_kernel(const Problem<BFloat16>& p);
+void run_kernel(const Problem<Half>& p);
 
 #if XENC_TILES
 // The tile path's run_items (attention_tiles.cpp), for bf16 and fp16 problems.

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "checks.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -88,8 +89,7 @@ void layer_norm_rows(const T* x, int64_t x_stride, const T* weight, const T* bia
 at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                       double eps) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "layer_norm takes a 2-D CPU tensor, got shape ", x.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              "layer_norm supports float32, bfloat16 and float16, got ", x.scalar_type());
+  check_float_dtype(x, "layer_norm");
   TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "layer_norm needs contiguous columns, got strides ", x.strides());
   for (const auto* p : {&weight, &bias}) {
     if (p->has_value()) {
@@ -102,20 +102,13 @@ at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weig
   if (x.numel() == 0) {
     return y;
   }
-  auto run = [&](auto tag) {
+  dispatch_float(x, [&](auto tag) {
     using T = decltype(tag);
     const T* w = weight.has_value() ? weight->const_data_ptr<T>() : nullptr;
     const T* b = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
     layer_norm_rows<T>(x.const_data_ptr<T>(), x.stride(0), w, b, y.mutable_data_ptr<T>(), x.size(0), x.size(1),
                        static_cast<float>(eps));
-  };
-  if (x.scalar_type() == at::kFloat) {
-    run(float{});
-  } else if (x.scalar_type() == at::kBFloat16) {
-    run(BFloat16{});
-  } else {
-    run(Half{});
-  }
+  });
   return y;
 }
 

@@ -11,7 +11,7 @@
 
 namespace xenc_lab {
 
-// attention.cpp: the kernel, and the tile path where it is built (XENC_TILES).
+// ops_attention.cpp: the kernel, and the tile path where it is built (XENC_TILES).
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t num_heads,
                             double scale, int64_t window);

@@ -17,6 +17,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "checks.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -103,25 +104,7 @@ void rope_rows(const T* x, int64_t x_stride, int64_t heads, const T* w, const T*
 
 void check_rows(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.device().is_cpu(), op, " takes CPU tensors");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              op, " supports float32, bfloat16 and float16, got ", x.scalar_type());
-}
-
-void check_like(const at::Tensor& t, const at::Tensor& x, at::IntArrayRef shape, const char* name) {
-  TORCH_CHECK(t.sizes() == shape && t.is_contiguous() && t.scalar_type() == x.scalar_type() && t.device().is_cpu(),
-              name, " must be a contiguous CPU tensor of shape ", shape, " and dtype ", x.scalar_type(), ", got ",
-              t.sizes(), " ", t.scalar_type());
-}
-
-template <typename F>
-void dispatch(const at::Tensor& x, F&& f) {
-  if (x.scalar_type() == at::kFloat) {
-    f(float{});
-  } else if (x.scalar_type() == at::kBFloat16) {
-    f(BFloat16{});
-  } else {
-    f(Half{});
-  }
+  check_float_dtype(x, op);
 }
 
 }  // namespace
@@ -133,7 +116,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_like(weight, x, {x.size(1)}, "rms_norm's weight");
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (x.numel() > 0) {
-    dispatch(x, [&](auto tag) {
+    dispatch_float(x, [&](auto tag) {
       using T = decltype(tag);
       rms_norm_rows<T>(x.const_data_ptr<T>(), x.stride(0), weight.const_data_ptr<T>(), y.mutable_data_ptr<T>(),
                        x.size(0), x.size(1), static_cast<float>(eps));
@@ -158,7 +141,7 @@ at::Tensor rope(const at::Tensor& x, const std::optional<at::Tensor>& weight, do
   check_like(sin, x, {tokens, dim}, "rope's sin");
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (x.numel() > 0) {
-    dispatch(x, [&](auto tag) {
+    dispatch_float(x, [&](auto tag) {
       using T = decltype(tag);
       rope_rows<T>(x.const_data_ptr<T>(), x.stride(0), heads, weight ? weight->const_data_ptr<T>() : nullptr,
                    cos.const_data_ptr<T>(), sin.const_data_ptr<T>(), y.mutable_data_ptr<T>(), tokens, dim,
