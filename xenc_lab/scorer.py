@@ -137,6 +137,14 @@ class Scorer:
         """Whether a decoder computes the prefix its pairs share once (False for encoders)."""
         return getattr(self.engine, "share_prefix", False)
 
+    @share_prefix.setter
+    def share_prefix(self, share_prefix: bool | None) -> None:
+        """Turn a decoder's prefix sharing on or off for the next calls (read per call; True on an encoder is
+        refused)."""
+        share_prefix = share_prefix_of(share_prefix, self.decoder, self.architecture)
+        if self.decoder:
+            self.engine.share_prefix = share_prefix
+
     @property
     def kv_cache(self):
         """A decoder's paged KV cache (``decoder.kv_cache.KVCache``); None for encoders."""
