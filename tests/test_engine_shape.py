@@ -17,7 +17,7 @@ from xenc_lab.zoo.decoders import build_decoder
 PACKAGE = Path(__file__).resolve().parent.parent / "xenc_lab"
 # Where architecture names belong: the family registry and its classes, the loader, the test-model builders.
 NAMES_ALLOWED = ("models/", "loader.py", "zoo/")
-ARCHITECTURE_NAME = re.compile(r"^[A-Z]\w*For(CausalLM|SequenceClassification)$|^(ForCausalLM|ForSequenceClassification)$")
+ARCHITECTURE_NAME = re.compile(r"^([A-Z]\w*)?For(CausalLM|SequenceClassification)$")
 
 
 def _strings(path: Path) -> list[str]:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .decoder.chat import ChatPairTokenizer
 from .config import ScorerConfig, long_documents_mode, stride_of
+from .decoder.chat import ChatPairTokenizer
 from .tokenize import Encodings, PairTokenizer, first_rows, longest_first
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..decoder.chunks import ChunkBatch
 from ..cpu.kernels import paged_attention_cpu
+from ..decoder.chunks import ChunkBatch
 
 try:  # torch >= 2.9: flash attention over cu_seqlens, CUDA only
     from torch.nn.attention.varlen import varlen_attn
