@@ -137,7 +137,7 @@ def test_requests_of_other_truncation_sides_or_cache_salts_never_share_an_engine
 
 
 def test_a_decoder_reranker_cuts_its_rendered_pairs_from_the_side_asked_for(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
 
     scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("decoder")), device="cpu")
     docs = [f"passage {i} " + "about rivers and mountains " * 12 for i in range(3)]

@@ -84,7 +84,7 @@ def test_metrics_count_requests_pairs_tokens_and_engine_calls_in_prometheus_text
 
 
 def test_a_decoders_computed_tokens_are_fewer_than_its_prompt_tokens_in_metrics(tmp_path_factory):
-    from parity_tests.decoder_zoo import build_decoder
+    from xenc_lab.zoo.decoders import build_decoder
     from xenc_lab import Scorer
 
     scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("decoder")), device="cpu")
