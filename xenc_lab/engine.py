@@ -3,8 +3,8 @@ planned into batches (2), packed (3) and run (4); the logits gather in the calle
 input block and the token budget.
 
 ``Engine`` owns the input-block loop that every family shares; ``EncoderEngine`` runs a block's pairs as packed
-batches, ``decoder.engine.DecoderEngine`` as chunks over a paged KV cache. ``engine_for`` builds the model family's
-engine once, at load.
+batches, ``decoder.engine.DecoderEngine`` as chunks over a paged KV cache. ``engines.engine_for`` builds the model
+family's engine once, at load.
 """
 from __future__ import annotations
 
@@ -151,17 +151,3 @@ class EncoderEngine(Engine):
                 out[index] = runner(batch).float()  # queued before a CUDA graph's next replay reuses it
                 bar.update(int(last[pairs].sum()))
         return out
-
-
-def engine_for(runner: ModelRunner, budget: Budget, *, share_prefix: bool = False,
-               pooled_past: int | None = None) -> Engine:
-    """The engine of the runner's model family: an encoder's, or a decoder's with its KV cache in the model's dtype
-    (``share_prefix``: shared prefixes computed once; ``pooled_past``: the model's ``pooled_past(config)``)."""
-    model = runner.model
-    if not model.causal:
-        return EncoderEngine(runner, budget)
-    from .decoder.engine import DecoderEngine
-    from .decoder.kv_cache import KVCache
-
-    cache = KVCache(*model.cache_shape(), budget.page_size, runner.choices.dtype, runner.device)
-    return DecoderEngine(runner, budget, cache, share_prefix=share_prefix, pooled_past=pooled_past)

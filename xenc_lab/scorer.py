@@ -18,17 +18,26 @@ from . import settings
 from .config import ScorerConfig, check_call_device, resolve_device, share_prefix_of, whole_number
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
 from .decoder.chat import ChatPairTokenizer, pair_tokenizer, score_tokens
-from .engine import INPUT_BLOCK, Budget, CallOptions, Engine, engine_for, gathered
+from .engine import INPUT_BLOCK, Budget, CallOptions, Engine, gathered
+from .engines import engine_for
 from .loader import architecture_of, family_of, load_config, load_model, resolve
 from .long_documents import call_mode, check_supported, pair_scores, windowed_pairs
 from .pages import pages_for
 from .runner import ModelRunner
 from .score_cache import open_cache
 from .scores import default_activation, to_scores
-from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
-                      resolve_prompt, split_pairs, vllm_pairs)
+from .st_args import (
+    check_flags,
+    check_ordered,
+    is_single_pair,
+    new_model_card_data,
+    predict_names,
+    rank_names,
+    resolve_prompt,
+    split_pairs,
+    vllm_pairs,
+)
 from .st_format import processing_max_length, read_cross_encoder_save
-
 
 STREAM_BLOCK = 16 * INPUT_BLOCK  # pairs of an iterator taken at a time
 
