@@ -23,7 +23,6 @@ from .prepacked import PrepackedLinear
 
 logger = logging.getLogger("xenc_lab")
 
-QUANTIZATIONS = ("int8",)
 INT8_COLS = 64  # columns of W^T per packed block (kInt8Cols in the C++ source)
 ROUTES = ("kernel", "torch")
 
@@ -38,24 +37,26 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.round().clamp_(-127, 127).to(torch.int8), scale
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M, K) activations -> (M, K) int8 and (M, 1) float32 scales, per row (token), symmetric, as the kernel does."""
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, K) activations -> (M, K) uint8 codes u, (M, 1) float32 scales s and zero points z, per row (token), as the
+    kernel does: x ~ s (u - z) over the row's range [min(x, 0), max(x, 0)] in 255 steps (zero exact)."""
     xf = x.float()
-    largest = xf.abs().amax(dim=1, keepdim=True)
-    inverse = torch.where(largest > 0, 127 / largest, 0.0)
-    return (xf * inverse).round_().clamp_(-127, 127).to(torch.int8), largest / 127
+    low, high = xf.amin(dim=1, keepdim=True).clamp_(max=0), xf.amax(dim=1, keepdim=True).clamp_(min=0)
+    s = ((high - low) / 255).clamp_(min=1e-30)
+    z = (-low / s).round_()
+    return (xf / s).round_().add_(z).clamp_(0, 255).to(torch.uint8), s, z
 
 
 def int8_blocks(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """A quantized (N, K) weight in ``linear_int8``'s layout: int8 blocks (ceil(N / 64), ceil(K / 4), 64, 4) of W^T
-    (4 consecutive k of a column side by side, VNNI's layout), the int32 corrections 128 * sum_k W[n, k] for the +128
-    shift of x, the float32 scales and bias; each zero-padded to ceil(N / 64) * 64 columns."""
+    (4 consecutive k of a column side by side, VNNI's layout), the int32 column sums sum_k W[n, k] for the
+    zero points of x, the float32 scales and bias; each zero-padded to ceil(N / 64) * 64 columns."""
     n, k = q.shape
     width, k4 = -(-n // INT8_COLS) * INT8_COLS, -(-k // 4) * 4
     padded = torch.zeros(width, k4, dtype=torch.int8)
     padded[:n, :k] = q
     blocks = padded.view(width // INT8_COLS, INT8_COLS, k4 // 4, 4).permute(0, 2, 1, 3).contiguous()
-    correction = 128 * padded.sum(dim=1, dtype=torch.int32)
+    correction = padded.sum(dim=1, dtype=torch.int32)
     scales, biases = torch.zeros(width), torch.zeros(width)
     scales[:n] = scale
     if bias is not None:
@@ -65,9 +66,12 @@ def int8_blocks(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None)
 
 def _torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                        activation: str, residual: torch.Tensor | None) -> torch.Tensor:
-    """The torch route: x (M, K) quantized per row, the (K, N) int8 weight_t multiplied by ``torch._int_mm``."""
-    q, x_scale = quantize_rows(x)
-    y = torch._int_mm(q, weight_t).float().mul_(x_scale).mul_(scale)
+    """The torch route: x (M, K) quantized per row, the (K, N) int8 weight_t multiplied by ``torch._int_mm`` (int8 by
+    int8: the codes less 128, the zero points less 128 times the column sums taken off)."""
+    u, x_scale, z = quantize_rows(x)
+    q = (u.to(torch.int16) - 128).to(torch.int8)
+    sums = (torch._int_mm(q, weight_t) - (z.int() - 128) * weight_t.sum(dim=0, dtype=torch.int32)).float()
+    y = sums.mul_(x_scale).mul_(scale)
     if bias is not None:
         y.add_(bias)
     if activation == "gelu":
@@ -97,7 +101,7 @@ def _int8_check() -> bool:
         xd, rd = x.to(dtype), residual.to(dtype)
         # A product within a rounding of the rounded one may round to the other side of a tie: one step of x's
         # quantization in one term, at most. A wrong layout or scale is off by units.
-        step = quantize_rows(xd)[1] * weight.abs().amax(dim=1)
+        step = quantize_rows(xd)[1] * weight.abs().amax(dim=1)[None]
         for activation in ("gelu", "none"):
             add = rd if activation == "none" else None
             want = _torch_linear_int8(xd.float(), weight_t, scale, bias, activation, None if add is None else add.float())

@@ -1,10 +1,12 @@
 // Linear layers in int8 (quantization="int8"): y = dequant(q(x) q(W)^T) + bias, then exact GELU or + residual.
 // - W is int8, symmetric, one scale per output channel, quantized once at load (xenc_lab/cpu/int8.py).
-// - x is quantized here, per row (token), symmetric: q = round(x * 127 / max|x_row|), with no calibration.
-// - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd, AVX-VNNI, AMX-INT8),
-//   which multiplies unsigned by signed bytes: x is stored as q + 128 and the column sums 128 * sum_k W[n, k]
-//   (computed at load) are taken off each int32 sum, which is then exact: sum_k q[m, k] W[n, k].
-// - Epilogue on each output tile while it is in cache: sum * scale_x[m] * scale_w[n] + bias[n] in fp32, then GELU
+// - x is quantized here, per row (token), to unsigned bytes with a zero point, with no calibration: the row's range
+//   [min(x, 0), max(x, 0)] in 255 steps of s, u = round(x / s) + z, z = round(-min / s). A row after a GELU (mostly
+//   positive) keeps all 8 bits this way, not 7 (docs/int8.md measures both).
+// - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd, AVX-VNNI, AMX-INT8):
+//   the zero point times the column sums sum_k W[n, k] (computed at load) is taken off each int32 sum, which is then
+//   exact: sum_k (u[m, k] - z[m]) W[n, k].
+// - Epilogue on each output tile while it is in cache: sum * s[m] * scale_w[n] + bias[n] in fp32, then GELU
 //   or the residual, rounded once to x's type (float32, bfloat16 or float16).
 // W^T is packed once at load as blocks (N / kInt8Cols, K4 / 4, kInt8Cols, 4) of int8 (K4: K rounded up to 4, the
 // VNNI layout: 4 consecutive k of one column side by side), zero-padded. A row's result depends on that row alone.
@@ -30,29 +32,32 @@ namespace {
 constexpr int64_t kInt8Rows = 96;  // rows of x per block, quantized once into a u8 panel that stays in L2
 constexpr int64_t kInt8Cols = 64;  // columns of W^T per block: a 96 x 64 int32 tile, 24 KB, stays in L1
 
-// Quantizes `rows` rows of x (stride x_stride, K columns) into `panel` (rows x K4 bytes, q + 128, padded with 128)
-// and their scales into `scales`; `wide` is a float buffer of K.
+// Quantizes `rows` rows of x (stride x_stride, K columns) into `panel` (rows x K4 bytes, padded with zeros), their
+// scales into `scales` and zero points into `zeros`; `wide` is a float buffer of K. As ``cpu.int8.quantize_rows``.
 template <typename T>
 void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_t K4, uint8_t* panel, float* scales,
-                   float* wide) {
+                   int32_t* zero_points, float* wide) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = x + r * x_stride;
-    vf largest = zeros();
+    vf largest = zeros(), smallest = zeros();  // zero is in every row's range
     for (int64_t c = 0; c < K; c += 16) {
       const int64_t n = std::min<int64_t>(16, K - c);
-      const vf v = load_first(src + c, n);
+      const vf v = load_first(src + c, n);  // lanes past K are zero
       store_first(wide + c, v, n);
-      largest = vmax(largest, vandnot(splat(-0.f), v));
+      largest = vmax(largest, v);
+      smallest = vmax(smallest, splat(0.f) - v);
     }
-    const float amax = reduce_max(largest);
-    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-    scales[r] = amax > 0.f ? amax / 127.f : 0.f;
+    const float low = -reduce_max(smallest), high = reduce_max(largest);
+    const float s = std::max((high - low) / 255.f, 1e-30f);
+    const float z = std::nearbyint(-low / s);
+    scales[r] = s;
+    zero_points[r] = static_cast<int32_t>(z);
     uint8_t* out = panel + r * K4;
-    for (int64_t c = 0; c < K; ++c) {  // the rounded product rounded to nearest even, as torch's round (vectorized)
-      out[c] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(wide[c] * inverse)) + 128);
+    for (int64_t c = 0; c < K; ++c) {  // round to nearest even, as torch's round (vectorized by the compiler)
+      out[c] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(wide[c] / s) + z, 0.f), 255.f));
     }
     for (int64_t c = K; c < K4; ++c) {
-      out[c] = 128;
+      out[c] = 0;
     }
   }
 }
@@ -110,6 +115,7 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
     Scratch tile(kInt8Rows * kInt8Cols * static_cast<int64_t>(sizeof(int32_t)));
     Scratch row(kInt8Cols * static_cast<int64_t>(sizeof(float)));
     float scales[kInt8Rows];
+    int32_t zero_points[kInt8Rows];
     int32_t* C = tile.as<int32_t>();
     float* F = row.as<float>();
     int64_t quantized = -1;
@@ -117,7 +123,8 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
       const int64_t mi = b / nblk, ni = b % nblk, m0 = mi * kInt8Rows, n0 = ni * kInt8Cols;
       const int64_t rows = std::min(kInt8Rows, M - m0);
       if (mi != quantized) {
-        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, panel.as<uint8_t>(), scales, wide.as<float>());
+        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, panel.as<uint8_t>(), scales, zero_points,
+                      wide.as<float>());
         quantized = mi;
       }
       at::native::cpublas::brgemm(rows, kInt8Cols, K4, K4, kInt8Cols, kInt8Cols, false, panel.as<uint8_t>(),
@@ -128,8 +135,9 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
       for (int64_t r = 0; r < rows; ++r) {
         const int32_t* acc = C + r * kInt8Cols;
         const float xs = scales[r];
+        const int32_t z = zero_points[r];
         for (int64_t c = 0; c < kInt8Cols; ++c) {  // exact int32 sums, then one fp32 scale each (vectorized)
-          F[c] = static_cast<float>(acc[c] - s[c]) * (xs * ws[c]);
+          F[c] = static_cast<float>(acc[c] - z * s[c]) * (xs * ws[c]);
         }
         T* out = Y + (m0 + r) * N + n0;
         for (int64_t c = 0; c < cols; c += 16) {
