@@ -26,7 +26,7 @@ from xenc_lab.bench.workloads import make_pairs
 from xenc_lab.cpu.info import native_half_units
 from xenc_lab.cpu.int8 import Int8Linear, int8_bytes
 
-from .conftest import DECODERS, DEVICE, model_dir, oracle
+from .conftest import DEVICE, model_dir, oracle
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="quantization='int8' runs on the CPU only")
 
@@ -39,7 +39,8 @@ BOUNDS = {
     "real": (0.985, 0.975, 0.90, 0.88, 0.15),
     "tiny": (0.93, 0.85, 0.78, 0.75, 0.50),
 }
-ENCODERS = [REAL, "bert", "roberta", "distilbert", "modernbert-cls", "deberta-v3"]
+# One tiny model per encoder code path: BERT-like (RoBERTa's positions), ModernBERT, DeBERTa's own attention.
+ENCODERS = [REAL, "roberta", "modernbert-cls", "deberta-v3"]
 # The real weights in every dtype; the tiny models in the last one (bfloat16 where the CPU has bf16 units).
 CASES = [(REAL, d) for d in DTYPES] + [(arch, DTYPES[-1]) for arch in ENCODERS[1:]]
 
@@ -95,7 +96,7 @@ def decoder_lists(name: str) -> tuple[list[list[tuple[str, str]]], np.ndarray]:
     return lists, theirs
 
 
-@pytest.mark.parametrize("name", list(DECODERS)[:3])
+@pytest.mark.parametrize("name", ["qwen3-reranker", "qwen3-seq-cls"])  # a LogitScore causal LM, a classifier
 def test_int8_decoder_ranks_as_sentence_transformers_fp32_and_keeps_prefix_sharing(name):
     lists, theirs = decoder_lists(name)
     flat = [p for lst in lists for p in lst]
