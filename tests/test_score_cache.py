@@ -45,12 +45,15 @@ def test_options_that_change_scores_are_keyed_or_applied_after_reading(cached, s
     np.testing.assert_allclose(first, want, rtol=0, atol=1e-6)  # windows: the same logits, rows regrouped
 
 
-def test_dtype_and_weights_are_part_of_the_key(tiny_dir, tmp_path, scorer):
+def test_dtype_quantization_and_weights_are_part_of_the_key(tiny_dir, tmp_path, scorer):
     path = tmp_path / "c.sqlite"
     fp32 = Scorer(tiny_dir, device="cpu", cache=path).predict(PAIRS)
     bf16 = Scorer(tiny_dir, device="cpu", dtype="bfloat16", cache=path).predict(PAIRS)
     assert np.array_equal(bf16, Scorer(tiny_dir, device="cpu", dtype="bfloat16").predict(PAIRS))
     assert not np.array_equal(fp32, bf16)
+    int8 = Scorer(tiny_dir, device="cpu", quantization="int8", cache=path).predict(PAIRS)
+    assert np.array_equal(int8, Scorer(tiny_dir, device="cpu", quantization="int8").predict(PAIRS))
+    assert not np.array_equal(fp32, int8)
     other = tmp_path / "retrained"
     shutil.copytree(tiny_dir, other)
     weights = load_file(other / "model.safetensors")

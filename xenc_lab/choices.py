@@ -24,6 +24,7 @@ class Choices:
     batch_shapes: str  # "bucketed" (CPU) | "graphs" (CUDA, compiled) | "exact": how batches are shaped
     compile: bool
     dynamic: bool  # compile=True traces symbolic sizes (one graph for any batch, or one compilation for all buckets)
+    quantization: str | None = None  # "int8": linear layers int8 (cpu/int8.py: its route), the rest at dtype
 
     @property
     def attends_packed(self) -> bool:
@@ -37,7 +38,8 @@ class Choices:
 
 
 def resolve(
-    device: torch.device, dtype: torch.dtype, head_shape: tuple[int, int] | None, compile: bool, causal: bool = False
+    device: torch.device, dtype: torch.dtype, head_shape: tuple[int, int] | None, compile: bool, causal: bool = False,
+    quantization: str | None = None,
 ) -> Choices:
     """The choices for a model of this ``head_shape`` ((heads, head dim); None where the family's attention is its
     own) at ``dtype`` on ``device``. On the CPU this builds the native kernels (once per kind of CPU) and, on CPUs
@@ -65,7 +67,8 @@ def resolve(
         batch_shapes = settings.get("XENC_LAB_CPU_BATCH_SHAPES") or "bucketed"
     else:
         batch_shapes = "exact"
-    folded = cpu and dtype == torch.float32 and (settings.get("XENC_LAB_FIRST_TOKEN_KV") or "folded") == "folded"
+    # The folded first-token keys and values multiply by the float weights, which int8 layers do not keep.
+    folded = cpu and dtype == torch.float32 and quantization is None and (settings.get("XENC_LAB_FIRST_TOKEN_KV") or "folded") == "folded"
     return Choices(
         device=device.type,
         dtype=dtype,
@@ -76,4 +79,5 @@ def resolve(
         batch_shapes=batch_shapes,
         compile=compile,
         dynamic=not graphs or settings.get("XENC_LAB_CUDA_COMPILE") != "static",
+        quantization=quantization,
     )

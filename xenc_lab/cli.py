@@ -112,6 +112,7 @@ def bench(args: argparse.Namespace) -> int:
     rows = B.run(
         args.model, workloads=workloads, dtypes=dtypes, n_pairs=args.pairs or 256,
         repeats=args.repeats, compile=args.compile, device=args.device, max_batch_tokens=args.max_batch_tokens,
+        int8=args.int8,
     )
     notes = []
     if args.memory:
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time xenc_lab with compile=True, as a third engine (with --decoder: xenc_lab's engines "
                         "run compiled)")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
+    b.add_argument("--int8", action="store_true",
+                   help="also time xenc_lab with quantization='int8' at each dtype (CPU; the 'xenc_lab int8' rows)")
     b.add_argument("--decoder", nargs="*", default=None, metavar="MODEL",
                    help="time decoder rerankers instead: 1 query x N documents through Qwen3-Reranker's template, "
                         "xenc_lab with prefix sharing on and off beside sentence-transformers. MODELs: built-in "

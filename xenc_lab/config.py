@@ -14,6 +14,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # What a pair whose text_2 overflows max_length is scored by: its truncated tokens, or the max, mean or first of its
 # windows' scores (docs/sentence-transformers.md#long-documents).
 LONG_DOCUMENTS = ("truncate", "max", "mean", "first")
+# What the linear layers are quantized to (vLLM's ``quantization``): None, or "int8" (CPU only, docs/int8.md).
+QUANTIZATIONS = ("int8",)
 
 
 @dataclass(slots=True)
@@ -28,6 +30,7 @@ class ScorerConfig:
     trust_remote_code: bool = False
     long_documents: str = "truncate"  # or "max", "mean", "first": text_2 scored in windows, the scores aggregated
     window_stride: int | None = None  # tokens between windows' starts; None: half a window
+    quantization: str | None = None  # "int8": linear layers int8 (CPU), the rest at dtype
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -46,6 +49,7 @@ class ScorerConfig:
             self.max_length = whole_number("max_length", self.max_length, minimum=2, optional=True)
         self.long_documents = long_documents_mode(self.long_documents)
         self.window_stride = stride_of(self.window_stride)
+        self.quantization = quantization_of(self.quantization, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -74,6 +78,21 @@ def long_documents_mode(mode) -> str:
     if mode not in LONG_DOCUMENTS:
         raise ValueError(f"long_documents must be one of {', '.join(map(repr, LONG_DOCUMENTS))}, got {mode!r}")
     return mode
+
+
+def quantization_of(quantization, device: str) -> str | None:
+    """None, or "int8" on the CPU: int8 linear layers run on the CPU's int8 dot products; no CUDA route exists."""
+    if quantization is None:
+        return None
+    if not isinstance(quantization, str):
+        raise TypeError(f"quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, got "
+                        f"{quantization!r} ({type(quantization).__name__})")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}")
+    if not str(device).startswith("cpu"):
+        raise ValueError(f"quantization={quantization!r} runs on the CPU only (device='cpu'), got device={device!r}; "
+                         "on a GPU use dtype='bfloat16' or 'float16'")
+    return quantization
 
 
 def stride_of(stride) -> int | None:

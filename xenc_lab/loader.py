@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from . import choices as engine_choices
 from .choices import Choices
 from .cpu.heap import keep_freed_batches
+from .cpu.int8 import quantize_linears
 from .cpu.norm import row_layer_norms
 from .cpu.prepacked import prepack_linears
 from .models import ARCHITECTURES, PackedModel
@@ -157,11 +158,13 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_model(
-    path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype, compile: bool = False
+    path: Path, config: PretrainedConfig, device: torch.device, dtype: torch.dtype, compile: bool = False,
+    quantization: str | None = None,
 ) -> tuple[PackedModel, Choices]:
     """The packed model with the checkpoint's weights, ready to run, and the engine's choices for it, made once here.
     On the CPU the linears take their GEMM routes' weight layouts (``cpu.prepacked``; in float32 but those that see
-    one row per pair) and 16-bit LayerNorms xenc_lab's row kernel."""
+    one row per pair) and 16-bit LayerNorms xenc_lab's row kernel. With ``quantization="int8"`` the linears become
+    int8 layers first (``cpu.int8``), but those that see one row per pair, which stay at ``dtype`` (docs/int8.md)."""
     model = build_model(config)
     tensors = read_checkpoint(path)
     with torch.device("meta"):
@@ -169,9 +172,11 @@ def load_model(
     load_weights(model, tensors)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     model.after_load()
-    choices = engine_choices.resolve(device, dtype, model.head_shape(), compile, model.causal)
+    choices = engine_choices.resolve(device, dtype, model.head_shape(), compile, model.causal, quantization)
     if device.type == "cpu":
         keep_freed_batches()
+        if quantization == "int8":
+            quantize_linears(model, keep=model.per_pair_linears())
         prepack_linears(model, choices, keep=model.per_pair_linears() if dtype == torch.float32 else ())
         row_layer_norms(model)
     return model, choices

@@ -144,7 +144,8 @@ class ScoreCache:
 
         options = {
             "weights": self.fingerprint(scorer.path), "architecture": scorer.architecture,
-            "dtype": scorer.config.dtype, "device": torch.device(scorer.device).type, "compile": scorer.config.compile,
+            "dtype": scorer.config.dtype, "quantization": scorer.config.quantization,
+            "device": torch.device(scorer.device).type, "compile": scorer.config.compile,
             "share_prefix": bool(scorer.share_prefix), "num_labels": scorer.num_labels,
             "max_length": scorer.max_length if max_length is None else int(max_length),
             "prompt": prompt or None, "windows": bool(windows), "stride": stride,

@@ -65,6 +65,7 @@ class Scorer:
         long_documents: str = "truncate",
         window_stride: int | None = None,
         cache: str | os.PathLike | None = None,
+        quantization: str | None = None,
     ):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,6 +86,7 @@ class Scorer:
             trust_remote_code=trust_remote_code,
             long_documents=long_documents,
             window_stride=window_stride,
+            quantization=quantization,
         )
         cfg = self.config
         settings.check_all()
@@ -112,7 +114,8 @@ class Scorer:
                 "and less exact",
                 stacklevel=2,
             )
-        model, self.choices = load_model(model_dir, self.hf_config, self.device, cfg.torch_dtype, cfg.compile)
+        model, self.choices = load_model(model_dir, self.hf_config, self.device, cfg.torch_dtype, cfg.compile,
+                                         cfg.quantization)
         if by_logits:
             model.set_score_tokens(*score_ids)
         self.activation_fn = activation_fn if activation_fn is not None else default_activation(
@@ -189,6 +192,8 @@ class Scorer:
         activation = type(self.activation_fn).__name__ if isinstance(self.activation_fn, torch.nn.Module) else repr(self.activation_fn)
         gemm = self.choices.bf16_gemm  # how a bf16 model's GEMMs multiply on this CPU
         dtype = f"{c.dtype} (GEMMs: {gemm})" if gemm else c.dtype
+        if c.quantization:
+            dtype += f", quantization={c.quantization!r}"
         return (
             f"Scorer(model={c.model!r}, architecture={self.architecture}, device={c.device!r}, dtype={dtype}, "
             f"page_size={c.page_size}, max_batch_tokens={c.max_batch_tokens}, max_length={self.max_length}, "

@@ -124,6 +124,7 @@ def run(
     device: str | torch.device = "cpu",
     max_batch_tokens: int | None = None,
     log=print,
+    int8: bool = False,
 ) -> list[BenchRow]:
     """Benchmark rows for each (workload, dtype): sentence-transformers, xenc_lab, and with ``compile``
     xenc_lab with compile=True as a third engine, both engines on ``device`` ("cpu" or "cuda").
@@ -131,6 +132,7 @@ def run(
     ``workloads`` are built-in names (``n_pairs`` pairs each, from ``seed``), ``(name, pairs)`` tuples
     of your own (``xenc_lab.bench.workloads.load_pairs`` reads them from a file), or a dict of name to pairs.
     ``max_batch_tokens``: xenc_lab's token budget per batch (default: the Scorer's).
+    ``int8``: on the CPU, also time xenc_lab with ``quantization="int8"`` at each dtype (the "xenc_lab int8" rows).
     ``max_abs_delta`` is always taken against sentence-transformers in fp32 on the CPU, the parity suite's
     oracle, computed once per workload."""
     from sentence_transformers import CrossEncoder
@@ -161,6 +163,8 @@ def run(
         ours = {"xenc_lab": Scorer(path, device=device, dtype=dtype, **budget)}
         if compile:
             ours["xenc_lab compiled"] = Scorer(path, device=device, dtype=dtype, compile=True, **budget)
+        if int8 and on_cpu:
+            ours["xenc_lab int8"] = Scorer(path, device=device, dtype=dtype, quantization="int8", **budget)
         config = ours["xenc_lab"].hf_config
         ceiling = gemm_rate(config, torch_dtype, device=device)
         gemm, native, fp32_route = "", 0.0, 0.0
@@ -236,6 +240,11 @@ def run(
                 measured.append(row)
             set_error_ratios(measured)
             rows += measured
+            if "xenc_lab int8" in ours:
+                rate = {row.engine: row.pairs_per_s for row in measured}
+                log(f"{workload:>5} {dtype:>8}: int8 {rate['xenc_lab int8'] / rate['xenc_lab']:.2f}x xenc_lab's "
+                    f"{dtype} pairs/s, {rate['xenc_lab int8'] / rate['sentence-transformers']:.2f}x "
+                    f"sentence-transformers' {dtype}")
             for row in measured:
                 log(
                     f"{workload:>5} {dtype:>8} {row.engine:>21}: {row.pairs_per_s:8.1f} pairs/s  x{row.ratio:.2f}  "

@@ -29,7 +29,7 @@ _CSRC = Path(__file__).parent.parent / "csrc"
 _SOURCES = [
     _CSRC / name
     for name in ("ops.cpp", "checks.cpp", "ops_attention.cpp", "attention.cpp", "attention_tiles.cpp", "folded_pool.cpp",
-                 "layer_norm.cpp", "rms_norm.cpp", "gemm_f32.cpp", "gemm_half.cpp")
+                 "layer_norm.cpp", "rms_norm.cpp", "gemm_f32.cpp", "gemm_half.cpp", "gemm_int8.cpp")
 ]
 _NAME = "xenc_lab_kernels"
 
@@ -87,6 +87,10 @@ def _paged_attention_fake(q, k, v, k_cache, v_cache, key_index, cu_seqlens_q, cu
 
 
 def _linear_fake(x, blocks, bias, out_features, activation, residual):
+    return x.new_empty((x.shape[0], out_features))
+
+
+def _linear_int8_fake(x, blocks, correction, weight_scale, bias, out_features, activation, residual):
     return x.new_empty((x.shape[0], out_features))
 
 
@@ -163,6 +167,7 @@ def _build() -> bool:
         torch.library.register_fake("xenc_lab::linear_widened", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_f32", _linear_fake)
         torch.library.register_fake("xenc_lab::linear_half", _linear_half_fake)
+        torch.library.register_fake("xenc_lab::linear_int8", _linear_int8_fake)
         return True
     except Exception as e:  # any failure to build or load means: no kernels, use the fallback
         logger.warning("xenc_lab native kernels unavailable (%s); using torch ops instead", reason(e))

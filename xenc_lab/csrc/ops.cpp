@@ -12,6 +12,7 @@ namespace {
 
 bool gemm_f32_built() { return XENC_GEMM_F32; }
 bool half_gemm_built() { return XENC_HALF_GEMM; }
+bool int8_gemm_built() { return XENC_GEMM_INT8; }
 bool paired_bf16_built() { return kPairedKeys<BFloat16>; }
 bool tiles_built() { return XENC_TILES; }
 
@@ -35,6 +36,10 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("rope(Tensor x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> Tensor");
   m.def("gemm_f32_built() -> bool", &xenc_lab::gemm_f32_built);
   m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
+  m.def("int8_gemm_built() -> bool", &xenc_lab::int8_gemm_built);
+  m.def(
+      "linear_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int out_features, "
+      "str activation, Tensor? residual) -> Tensor");
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
   m.def(
       "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "
@@ -58,6 +63,9 @@ TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
 #if XENC_GEMM_F32
   m.impl("linear_f32", &xenc_lab::linear_f32);
   m.impl("linear_widened", &xenc_lab::linear_widened);
+#endif
+#if XENC_GEMM_INT8
+  m.impl("linear_int8", &xenc_lab::linear_int8);
 #endif
 #if XENC_HALF_GEMM
   m.impl("linear_half", &xenc_lab::linear_half);

@@ -43,6 +43,13 @@ at::Tensor linear_widened(const at::Tensor& x, const at::Tensor& blocks, const a
                           c10::string_view activation, const std::optional<at::Tensor>& residual);
 #endif
 
+#if XENC_GEMM_INT8
+// gemm_int8.cpp
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
+                       const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
+                       c10::string_view activation, const std::optional<at::Tensor>& residual);
+#endif
+
 #if XENC_HALF_GEMM
 // gemm_half.cpp
 at::Tensor linear_half(const at::Tensor& x, const at::Tensor& blocks, int64_t weight_exponent, const at::Tensor& bias,

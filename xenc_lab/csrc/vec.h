@@ -52,6 +52,13 @@
 #endif
 
 // The bf16 linear layers' fp16 GEMM (linear_half, gemm_half.cpp) needs AVX512-FP16 (fp16 FMAs on 32 lanes).
+// The int8 GEMM (gemm_int8.cpp): ATen's u8 x s8 -> s32 brgemm, and the fp32 GEMMs' epilogue.
+#if XENC_GEMM_F32 && defined(CPUBLAS_BRGEMM_U8I8I32)
+#define XENC_GEMM_INT8 1
+#else
+#define XENC_GEMM_INT8 0
+#endif
+
 #if XENC_AVX512 && XENC_GEMM_F32 && defined(__AVX512FP16__)
 #define XENC_HALF_GEMM 1
 #else

@@ -23,8 +23,8 @@ def fuse_linears(*parts: nn.Linear) -> nn.Linear:
 
 def linear_rows(linear: nn.Module, start: int, stop: int, x: torch.Tensor, per_pair: bool = False) -> torch.Tensor:
     """Output features start:stop of ``linear`` on x. ``per_pair``: x holds one row per pair, which in float32 take
-    torch's F.linear even where the layer is prepacked (see ``cpu.prepacked.prepack_linears``)."""
-    if isinstance(linear, PrepackedLinear) and not (per_pair and x.dtype == torch.float32):
+    torch's F.linear even where the layer is prepacked (see ``cpu.prepacked.prepack_linears``), but an int8 layer's."""
+    if isinstance(linear, PrepackedLinear) and (linear.gemm == "int8" or not (per_pair and x.dtype == torch.float32)):
         return linear.forward_rows(x, start, stop)
     bias = None if linear.bias is None else linear.bias[start:stop]
     return F.linear(x, linear.weight[start:stop], bias)

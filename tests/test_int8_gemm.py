@@ -1,0 +1,90 @@
+"""The int8 linear layer (cpu/int8.py, csrc/gemm_int8.cpp): its quantization, both routes against each other and
+against float arithmetic, output rows, GELU and residual, and the Choices it implies."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from xenc_lab import choices as engine_choices
+from xenc_lab.config import ScorerConfig
+from xenc_lab.cpu.int8 import Int8Linear, int8_kernel_available, quantize_rows, quantize_weight
+
+needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="the int8 kernel does not run here")
+
+
+def _layer(n: int, k: int, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(k, n).requires_grad_(False)
+
+
+def test_weights_are_symmetric_per_output_channel_and_activations_keep_zero_exact():
+    w = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 0.0, -3.0]])
+    q, scale = quantize_weight(w)
+    assert q.dtype == torch.int8 and q[0, 1] == -127 and q[2, 0] == 127 and q[2, 2] == -127
+    assert torch.equal(q[1], torch.zeros(3, dtype=torch.int8)) and scale[1] == 0
+    x = torch.tensor([[0.0, 1.0, 2.0, -0.5], [0.0, 0.0, 0.0, 0.0]])
+    u, s, z = quantize_rows(x)
+    assert u.dtype == torch.uint8 and u[0].max() == 255 and u[0].min() == 0
+    assert torch.equal(u[:, 0].int(), z[:, 0].int())  # 0 is exactly the zero point
+    assert ((u.float() - z) * s - x).abs().max() <= s.max() / 2 + 1e-7
+
+
+@pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 40, 24), (100, 74, 80), (130, 384, 200)])
+def test_int8_layer_is_within_its_quantization_error_of_the_float_layer(route, dtype, shape):
+    m, k, n = shape
+    layer = _layer(n, k)
+    x = torch.randn(m, k).to(dtype)
+    exact = x.double() @ layer.weight.double().t() + layer.bias.double()
+    q = Int8Linear(layer, route)
+    assert q.route == route and q.weight is None
+    y = q(x)
+    assert y.dtype == dtype and y.shape == (m, n)
+    # each term's error: half a step of x times |w| plus |x| times half a step of w
+    _, xs, _ = quantize_rows(x)
+    ws = layer.weight.abs().amax(dim=1) / 127
+    bound = 0.5 * (xs * layer.weight.abs().sum(dim=1)[None] + x.float().abs() @ ws.expand(k, n))
+    bound = bound + 2 * torch.finfo(dtype).eps * (1 + exact.abs().float())
+    assert ((y.double() - exact).abs() <= bound.double() * 1.01).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_and_the_torch_route_agree_with_gelu_and_residual(dtype):
+    layer = _layer(150, 96, seed=1)
+    kernel, fallback = Int8Linear(layer, "kernel"), Int8Linear(layer, "torch")
+    x, residual = torch.randn(70, 96).to(dtype), torch.randn(70, 150).to(dtype)
+    _, xs, _ = quantize_rows(x)
+    step = xs * layer.weight.abs().amax(dim=1)[None] * 1.1  # a tie may round either way: one step of x, once
+    for args in ({"activation": "gelu"}, {"residual": residual}, {}):
+        a, b = kernel(x, **args).float(), fallback(x, **args).float()
+        assert ((a - b).abs() <= step + 2 * torch.finfo(dtype).eps * (1 + b.abs())).all(), args
+
+
+@pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "torch"])
+@pytest.mark.parametrize("start, stop", [(0, 64), (64, 192), (10, 50), (128, 200)])
+def test_output_rows_equal_the_columns_of_the_whole_product(route, start, stop):
+    layer = Int8Linear(_layer(200, 64, seed=2), route)
+    x = torch.randn(33, 64)
+    assert torch.equal(layer.forward_rows(x, start, stop), layer(x)[:, start:stop])
+
+
+def test_int8_choices_project_the_first_tokens_keys_and_values():
+    cpu = torch.device("cpu")
+    plain = engine_choices.resolve(cpu, torch.float32, (12, 32), False)
+    int8 = engine_choices.resolve(cpu, torch.float32, (12, 32), False, quantization="int8")
+    assert int8.quantization == "int8" and int8.first_token_kv == "projected" and plain.quantization is None
+
+
+@pytest.mark.parametrize("value, error", [("int4", ValueError), (8, TypeError), ("", ValueError)])
+def test_config_refuses_other_quantizations(value, error):
+    with pytest.raises(error, match="quantization"):
+        ScorerConfig(model="m", quantization=value)
+
+
+def test_config_refuses_int8_off_the_cpu():
+    with pytest.raises(ValueError, match="CPU only"):
+        ScorerConfig(model="m", device="cuda", quantization="int8")
+    assert ScorerConfig(model="m", quantization="int8").quantization == "int8"

@@ -1,0 +1,229 @@
+"""int8 linear layers on the CPU (``quantization="int8"``): weights int8 per output channel, symmetric, quantized
+once at load; activations int8 per token, quantized on the fly (dynamic, no calibration); int32 sums; the scales,
+the bias, the GELU or the residual applied in float32 and rounded once to the model's dtype.
+
+Two routes, the first that runs here (docs/int8.md has the measurements behind them):
+
+- ``"kernel"``: xenc_lab's GEMM (``csrc/gemm_int8.cpp``), ATen's u8 x s8 brgemm ukernel (oneDNN: AVX512-VNNI,
+  AVX-VNNI or AMX-INT8 where the CPU has them), x quantized a block of rows at a time in cache, the epilogue on each
+  output tile in cache. Checked once per process on a small problem against the same arithmetic in torch.
+- ``"torch"``: the same arithmetic with torch's ops (``torch._int_mm`` for the int32 product): CPUs or builds where
+  the kernel does not run.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .native import available, once, reason
+from .prepacked import PrepackedLinear
+
+logger = logging.getLogger("xenc_lab")
+
+INT8_COLS = 64  # columns of W^T per packed block (kInt8Cols in the C++ source)
+ROUTES = ("kernel", "torch")
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float weight -> (N, K) int8 and (N,) float32 scales: symmetric, one scale per output channel, the
+    largest magnitude of each row mapped to 127 (a row of zeros gets scale 0)."""
+    w = weight.detach().float()
+    largest = w.abs().amax(dim=1)
+    scale = largest / 127
+    q = torch.where(scale[:, None] > 0, w / scale.clamp_min(torch.finfo(torch.float32).tiny)[:, None], 0.0)
+    return q.round().clamp_(-127, 127).to(torch.int8), scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, K) activations -> (M, K) uint8 codes u, (M, 1) float32 scales s and zero points z, per row (token), as the
+    kernel does: x ~ s (u - z) over the row's range [min(x, 0), max(x, 0)] in 255 steps (zero exact)."""
+    xf = x.float()
+    low, high = xf.amin(dim=1, keepdim=True).clamp_(max=0), xf.amax(dim=1, keepdim=True).clamp_(min=0)
+    s = ((high - low) / 255).clamp_(min=1e-30)
+    z = (-low / s).round_()
+    return (xf / s).round_().add_(z).clamp_(0, 255).to(torch.uint8), s, z
+
+
+def int8_blocks(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """A quantized (N, K) weight in ``linear_int8``'s layout: int8 blocks (ceil(N / 64), ceil(K / 4), 64, 4) of W^T
+    (4 consecutive k of a column side by side, VNNI's layout), the int32 column sums sum_k W[n, k] for the
+    zero points of x, the float32 scales and bias; each zero-padded to ceil(N / 64) * 64 columns."""
+    n, k = q.shape
+    width, k4 = -(-n // INT8_COLS) * INT8_COLS, -(-k // 4) * 4
+    padded = torch.zeros(width, k4, dtype=torch.int8)
+    padded[:n, :k] = q
+    blocks = padded.view(width // INT8_COLS, INT8_COLS, k4 // 4, 4).permute(0, 2, 1, 3).contiguous()
+    correction = padded.sum(dim=1, dtype=torch.int32)
+    scales, biases = torch.zeros(width), torch.zeros(width)
+    scales[:n] = scale
+    if bias is not None:
+        biases[:n] = bias.detach().float()
+    return blocks, correction, scales, biases
+
+
+def _torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                       activation: str, residual: torch.Tensor | None) -> torch.Tensor:
+    """The torch route: x (M, K) quantized per row, the (K, N) int8 weight_t multiplied by ``torch._int_mm`` (int8 by
+    int8: the codes less 128, the zero points less 128 times the column sums taken off)."""
+    u, x_scale, z = quantize_rows(x)
+    q = (u.to(torch.int16) - 128).to(torch.int8)
+    sums = (torch._int_mm(q, weight_t) - (z.int() - 128) * weight_t.sum(dim=0, dtype=torch.int32)).float()
+    y = sums.mul_(x_scale).mul_(scale)
+    if bias is not None:
+        y.add_(bias)
+    if activation == "gelu":
+        y = torch.nn.functional.gelu(y)
+    elif residual is not None:
+        y.add_(residual.float())
+    return y.to(x.dtype)
+
+
+@torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
+def int8_kernel_available() -> bool:
+    """Whether ``linear_int8`` runs here: a build with ATen's u8 x s8 brgemm, checked once per process on a small
+    problem (a partial block of rows and of columns, K not a multiple of 4, GELU and residual, float32 and bfloat16)
+    against the same quantized arithmetic done with torch's ops."""
+    if not available() or not torch.ops.xenc_lab.int8_gemm_built():
+        return False
+    return once("int8 gemm", _int8_check)
+
+
+def _int8_check() -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, weight, bias, residual = (torch.randn(*shape, generator=g) for shape in ((100, 74), (80, 74), (80,), (100, 80)))
+    q, scale = quantize_weight(weight)
+    packed = int8_blocks(q, scale, bias)
+    weight_t = q.t().contiguous()
+    for dtype in (torch.float32, torch.bfloat16):
+        xd, rd = x.to(dtype), residual.to(dtype)
+        # A product within a rounding of the rounded one may round to the other side of a tie: one step of x's
+        # quantization in one term, at most. A wrong layout or scale is off by units.
+        step = quantize_rows(xd)[1] * weight.abs().amax(dim=1)[None]
+        for activation in ("gelu", "none"):
+            add = rd if activation == "none" else None
+            want = _torch_linear_int8(xd.float(), weight_t, scale, bias, activation, None if add is None else add.float())
+            try:
+                got = torch.ops.xenc_lab.linear_int8(xd, *packed, 80, activation, add).float()
+            except RuntimeError as e:
+                logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
+                return False
+            excess = (got - want).abs() - 2 * torch.finfo(dtype).eps * (1 + want.abs()) - 1.1 * step
+            if not excess.max().item() <= 0:  # a NaN fails
+                logger.info("xenc_lab's int8 GEMM (%s, %s) is off by %.3g here; using torch's int8 ops", dtype,
+                            activation, (got - want).abs().max().item())
+                return False
+    return True
+
+
+def int8_route() -> str:
+    return "kernel" if int8_kernel_available() else "torch"
+
+
+class Int8Linear(PrepackedLinear):
+    """A Linear quantized once at load: int8 weights per output channel, activations per token on the fly; see the
+    module's docstring for the routes. The float weight is not kept (``weight`` is None): resident are the int8
+    weight, its per-column scales and corrections, and the bias."""
+
+    def __init__(self, linear: nn.Linear, route: str | None = None):
+        nn.Module.__init__(self)
+        if route is not None and route not in ROUTES:
+            raise ValueError(f"route must be None or one of {', '.join(ROUTES)}, got {route!r}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.route = route or int8_route()
+        if self.route == "kernel" and not int8_kernel_available():
+            self.route = "torch"
+        self.gemm, self.fused, self.gelu_gemm = "int8", True, None
+        q, scale = quantize_weight(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.weight, self.bias = None, linear.bias
+        if self.route == "kernel":
+            self.packed, self._correction, self._scale, self._bias = int8_blocks(q, scale, bias)
+        else:
+            self.packed, self._scale, self._bias = q.t().contiguous(), scale, bias
+        self._rows: dict[tuple[int, int], Int8Linear] = {}
+        self.key = next(PrepackedLinear._keys)
+        from .prepacked import _PREPACKED
+        _PREPACKED[self.key] = self
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes resident for this layer's weight: the int8 weight (padded), the scales, corrections and bias."""
+        parts = [self.packed, self._scale, getattr(self, "_correction", None), self._bias]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def rows(self, start: int, stop: int) -> Int8Linear:
+        """Output features start:stop; the kernel's blocks are sliced in place where start and stop fall on them."""
+        if (start, stop) == (0, self.out_features):
+            return self
+        if (start, stop) not in self._rows:
+            part = Int8Linear.__new__(Int8Linear)
+            nn.Module.__init__(part)
+            part.in_features, part.out_features, part.route = self.in_features, stop - start, self.route
+            part.gemm, part.fused, part.gelu_gemm, part.weight = "int8", True, None, None
+            part.bias = None if self.bias is None else self.bias[start:stop]
+            part._rows, part.key = {}, self.key
+            if self.route == "kernel" and start % INT8_COLS == 0:
+                blocks = slice(start // INT8_COLS, -(-stop // INT8_COLS))
+                columns = slice(start, blocks.stop * INT8_COLS)
+                part.packed, part._correction = self.packed[blocks], self._correction[columns]
+                part._scale, part._bias = self._scale[columns], self._bias[columns]
+            elif self.route == "torch":
+                part.packed, part._scale = self.packed[:, start:stop].contiguous(), self._scale[start:stop]
+                part._bias = None if self._bias is None else self._bias[start:stop]
+            else:  # unaligned columns of the kernel's blocks: the whole product, then the columns
+                return _Columns(self, start, stop)
+            self._rows[start, stop] = part
+        return self._rows[start, stop]
+
+    def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is not None and activation != "none":
+            raise ValueError(f"a residual is added to the plain product only, not after {activation!r}")
+        rows = self._rows_of(x)
+        if residual is not None:
+            residual = residual.reshape(-1, self.out_features)
+            if residual.stride(-1) != 1:
+                residual = residual.contiguous()
+        if self.route == "kernel":
+            y = torch.ops.xenc_lab.linear_int8(rows, self.packed, self._correction, self._scale, self._bias,
+                                               self.out_features, activation, residual)
+        else:
+            y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.route})"
+
+
+class _Columns:
+    """Columns start:stop of an Int8Linear's product (computed whole): rows that do not fall on the kernel's blocks."""
+
+    def __init__(self, layer: Int8Linear, start: int, stop: int):
+        self.layer, self.start, self.stop = layer, start, stop
+
+    def _gemm(self, x, activation, residual=None):
+        if residual is not None:
+            raise ValueError("a residual is added to whole layers only")
+        return self.layer._gemm(x, activation)[..., self.start:self.stop]
+
+
+def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = ()) -> int:
+    """Replace every float nn.Linear of a CPU model by an Int8Linear, but those in ``keep`` (which stay in the model's
+    dtype); returns how many."""
+    kept = {id(module) for module in keep}
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in kept or type(child) is not nn.Linear or child.weight.device.type != "cpu":
+                continue
+            setattr(parent, name, Int8Linear(child))
+            count += 1
+    return count
+
+
+def int8_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes resident for the int8 layers' weights, bytes their weights took in float32)."""
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    return sum(m.nbytes for m in layers), sum(4 * m.in_features * m.out_features for m in layers)
