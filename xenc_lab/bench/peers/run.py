@@ -39,12 +39,19 @@ def write_pairs(path: Path, pairs) -> Path:
     return path
 
 
+def _python_with(module: str, requirements: str, log) -> str:
+    """This interpreter where ``module`` imports, else the venv built from scripts/peers/``requirements``."""
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    return str(ensure_venv(SCRIPTS / requirements, log))
+
+
 def _python_for(engine: str, log) -> str:
     """The interpreter an engine runs in: OpenVINO's own venv; ONNX Runtime's where this one lacks it; else this one."""
     if engine.startswith("openvino"):
         return str(ensure_venv(SCRIPTS / "openvino.txt", log))
-    if engine.startswith("onnxruntime") and importlib.util.find_spec("onnxruntime") is None:
-        return str(ensure_venv(SCRIPTS / "onnxruntime.txt", log))
+    if engine.startswith("onnxruntime"):
+        return _python_with("onnxruntime", "onnxruntime.txt", log)
     return sys.executable
 
 
@@ -98,7 +105,8 @@ def gguf(build: Path, model: Path, outtype: str, log) -> Path:
             link.symlink_to(item.resolve())
     log(f"llama.cpp: converting {model.name} to {outtype}")
     partial = target.with_suffix(".partial")
-    done = subprocess.run([sys.executable, str(SCRIPTS / "convert_gguf.py"), str(build / "src"), str(named),
+    python = _python_with("sentencepiece", "llama-cpp.txt", log)
+    done = subprocess.run([python, str(SCRIPTS / "convert_gguf.py"), str(build / "src"), str(named),
                            str(partial), outtype], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the GGUF conversion failed: {done.stderr.strip()[-400:]}")
