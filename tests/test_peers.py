@@ -168,3 +168,20 @@ def test_the_worker_times_the_project_s_own_engine_and_reports_a_missing_mode(ti
     ours = parse_result(json.loads((tmp_path / "xenc_lab-fp32.json").read_text()))
     theirs = parse_result(json.loads((tmp_path / "st-fp32.json").read_text()))
     assert fidelity(ours.scores, theirs.scores, [6])["max_abs_delta"] < 1e-4
+
+
+def test_a_part_left_out_of_a_run_is_kept_from_the_last_report_and_marked(tmp_path):
+    from xenc_lab.bench.peers.report import kept_sections
+
+    path = tmp_path / "peers.md"
+    args = Namespace(repeats=3, threads=2, note="")
+    write_report(path, {"decoder": (_results(), [4], {"model": "dec", "tokens": 12.0})}, args, [1.0])
+    kept = kept_sections(path, ["decoder", "encoder"])
+    assert list(kept) == ["decoder"]
+    results, lists, meta = kept["decoder"]
+    assert lists == [4] and meta["kept"] and [r.engine for r in results] == ["st-fp32", "xenc_lab-fp32", "openvino-int8"]
+    assert np.array_equal(results[1].scores, _results()[1].scores) and results[2].error.startswith("RuntimeError")
+    write_report(path, {"encoder": (_results()[:2], [4], {"model": "enc"})} | kept, args, [2.0])
+    text = path.read_text()
+    assert text.index("## Encoder") < text.index("## Decoder") and "This part is kept from the run written" in text
+    assert text.count("| xenc_lab-fp32 | 4.00 |") == 2

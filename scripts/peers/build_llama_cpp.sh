@@ -11,6 +11,9 @@ SRC="$ROOT/src"
 BIN="$ROOT/build/bin/llama-server"
 if [ -x "$BIN" ]; then echo "$ROOT"; exit 0; fi
 mkdir -p "$ROOT"
+exec 9>"$ROOT/.build.lock"
+flock 9  # a second peers run waits for the build in progress rather than starting its own
+if [ -x "$BIN" ]; then echo "$ROOT"; exit 0; fi
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
   TMP=$(mktemp -d)
   "$PY" -m pip download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$TMP" >&2

@@ -2,13 +2,14 @@
 beside fidelity, every ratio against sentence-transformers fp32 timed in the same session."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from dataclasses import asdict
 from pathlib import Path
 
 from ...provenance import provenance
-from .stats import ORACLE, rows, table
+from .stats import ORACLE, EngineResult, parse_result, rows, table
 
 COMMAND = "tox -e peers"
 
@@ -44,14 +45,38 @@ def _mean_tokens(model: str, pairs_file: Path) -> float:
     return sum(lengths) / len(lengths)
 
 
+def raw(result: EngineResult) -> dict:
+    """A result as the worker wrote it, for peers.json (so that a later run of one part can keep the other)."""
+    if not result.ok:
+        return {"engine": result.engine, "error": result.error, "skipped": result.skipped}
+    return {"engine": result.engine, "pairs": result.pairs, "seconds": result.seconds, "busy_cpu": result.busy_cpu,
+            "scores": result.scores.tolist(), "versions": result.versions}
+
+
+def kept_sections(path: Path, names) -> dict:
+    """The sections ``names`` of an earlier run's peers.json beside ``path`` (absent ones are left out), each marked
+    with when it was written."""
+    try:
+        data = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    kept = {}
+    for name in names:
+        part = data.get("sections", {}).get(name)
+        if part and "results" in part:
+            meta = {k: part[k] for k in ("model", "tokens", "note", "written", "load") if k in part}
+            kept[name] = ([parse_result(r) for r in part["results"]], part["lists"], meta | {"kept": True})
+    return kept
+
+
 def section(title: str, results, lists, meta: dict) -> str:
     peer_rows = rows(results, lists)
     size = f"{len(lists)} x {lists[0]}" if len(set(lists)) == 1 else f"{sum(lists)} pairs in {len(lists)} lists"
-    try:
-        tokens = f", mean {_mean_tokens(meta['model'], meta['pairs']):.0f} tokens a pair (template excluded)"
-    except (OSError, ValueError, KeyError):
-        tokens = ""
+    tokens = f", mean {meta['tokens']:.0f} tokens a pair (template excluded)" if meta.get("tokens") else ""
     text = [f"## {title}", "", f"Model `{meta['model']}`; {size} pairs{tokens}.", "", table(peer_rows), ""]
+    if meta.get("kept"):
+        text += [f"This part is kept from the run written {meta.get('written', '(unknown)')}, load average "
+                 f"{meta.get('load', 'n/a')} then: this run left it out.", ""]
     if meta.get("note"):
         text += [meta["note"], ""]
     if not any(r.engine == ORACLE and r.ok for r in results):
@@ -75,11 +100,23 @@ def write_report(path: Path, sections: dict, args, load: list[float]) -> None:
     body = ["# Peers: speed beside fidelity on the same pairs", "", provenance(COMMAND), "", state
             + (f" {args.note}" if args.note else ""), "", METHOD.format(repeats=args.repeats, threads=args.threads), ""]
     data = {"load": load, "repeats": args.repeats, "threads": args.threads, "sections": {}}
-    for name, (results, lists, meta) in sections.items():
+    written = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    for name in TITLES:
+        if name not in sections:
+            continue
+        results, lists, meta = sections[name]
+        if "pairs" in meta and "tokens" not in meta:
+            try:
+                meta = meta | {"tokens": _mean_tokens(meta["model"], meta["pairs"])}
+            except (OSError, ValueError):
+                pass
+        if not meta.get("kept"):
+            meta = meta | {"written": written, "load": ", ".join(f"{x:.1f}" for x in load)}
         body.append(section(TITLES[name], results, lists, meta))
-        data["sections"][name] = {"model": meta["model"], "lists": lists,
-                                  "rows": [asdict(r) for r in rows(results, lists)],
-                                  "versions": {r.engine: r.versions for r in results if r.versions}}
+        data["sections"][name] = {"lists": lists, "rows": [asdict(r) for r in rows(results, lists)],
+                                  "results": [raw(r) for r in results],
+                                  **{k: v for k, v in meta.items() if k in ("model", "tokens", "note", "written",
+                                                                           "load")}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(body).rstrip() + "\n", encoding="utf-8")
     path.with_suffix(".json").write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")

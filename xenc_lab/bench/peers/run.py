@@ -151,7 +151,7 @@ def _wanted(engine: str, args) -> bool:
 
 
 def main(argv=None) -> int:
-    from .report import write_report
+    from .report import kept_sections, write_report
 
     parser = argparse.ArgumentParser(prog="python -m xenc_lab.bench.peers", description=__doc__.split("\n")[0])
     parser.add_argument("--queries", type=int, default=8, help="encoder query lists")
@@ -164,8 +164,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=3600, help="seconds one engine may take")
     parser.add_argument("--engines", nargs="*", help="only engines whose names start with these")
-    parser.add_argument("--no-decoder", action="store_true", help="encoders only")
-    parser.add_argument("--no-encoder", action="store_true", help="decoders only")
+    parser.add_argument("--no-decoder", action="store_true",
+                        help="encoders only (the report keeps an earlier run's decoder part, marked as such)")
+    parser.add_argument("--no-encoder", action="store_true", help="decoders only (likewise)")
     parser.add_argument("--report", default=str(ROOT / "reports" / "peers.md"))
     parser.add_argument("--note", default="", help="a sentence for the report about the machine's state")
     args = parser.parse_args(argv)
@@ -193,6 +194,8 @@ def main(argv=None) -> int:
             results, note, meta = _decoder_results(args, work, print)
             sections["decoder"] = (results, [args.decoder_passages], meta | {"note": note})
             load.append(os.getloadavg()[0])
+        left_out = [name for name, off in (("encoder", args.no_encoder), ("decoder", args.no_decoder)) if off]
+        sections = kept_sections(Path(args.report), left_out) | sections
         write_report(Path(args.report), sections, args, load)
     print(f"wrote {args.report}")
     return 0
