@@ -103,6 +103,8 @@ def write_report(path: Path, sections: dict, args, load: list[float]) -> None:
     written = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     for name in TITLES:
         if name not in sections:
+            body += [f"## {TITLES[name]}", "", "Not run: this run left it out, and no earlier report's part was there "
+                     "to keep.", ""]
             continue
         results, lists, meta = sections[name]
         if "pairs" in meta and "tokens" not in meta:

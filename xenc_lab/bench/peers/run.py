@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     parser.add_argument("--per-query", type=int, default=32, help="passages per encoder query list")
     parser.add_argument("--decoder-passages", type=int, default=32, help="the decoder's one query's passages")
     parser.add_argument("--decoder-model", default="qwen3-0.6b", help="xenc_lab.bench.decoder.MODELS name")
+    parser.add_argument("--warmup", type=int, default=64, help="pairs of an encoder engine's untimed pass")
     parser.add_argument("--decoder-warmup", type=int, default=4, help="pairs of a decoder engine's untimed pass")
     parser.add_argument("--calibration", type=int, default=128, help="OpenVINO int8's calibration pairs")
     parser.add_argument("--repeats", type=int, default=3)
@@ -186,7 +187,9 @@ def main(argv=None) -> int:
                 max(1, args.calibration // args.per_query), args.per_query, seed=CALIBRATION_SEED))
             results = []
             for engine in (e for e in ENCODER_ENGINES if _wanted(e, args)):
-                extra = {"argv": ["--calibration", str(calibration)]} if engine == "openvino-int8" else {}
+                extra = {"warmup": args.warmup}
+                if engine == "openvino-int8":
+                    extra["argv"] = ["--calibration", str(calibration)]
                 results.append(run_engine(engine, model, pairs, work / "encoder", args, print, extra))
             sections["encoder"] = (results, [args.per_query] * args.queries, {"model": model.name, "pairs": pairs})
             load.append(os.getloadavg()[0])
