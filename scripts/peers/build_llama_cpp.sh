@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-server and converter once, from the llama.cpp vendored in llama-cpp-python's sdist,
+# Builds llama.cpp's llama-server once, from the llama.cpp vendored in llama-cpp-python's sdist,
 # into $XENC_LAB_CACHE/peers/llama.cpp/<version>; later runs find it there and return at once.
 # Usage: scripts/peers/build_llama_cpp.sh [python]   (prints the build folder on its last line)
 set -euo pipefail
@@ -25,5 +25,5 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 cmake -S "$SRC" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF >&2
-cmake --build "$ROOT/build" --target llama-server llama-quantize -j "${BUILD_JOBS:-2}" >&2
+cmake --build "$ROOT/build" --target llama-server -j "${BUILD_JOBS:-2}" >&2
 echo "$ROOT"

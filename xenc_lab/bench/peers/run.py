@@ -83,7 +83,7 @@ def run_engine(engine: str, model: Path, pairs: Path, work: Path, args, log, ext
 
 def llama_cpp(log) -> Path:
     """llama.cpp's build folder, built once (scripts/peers/build_llama_cpp.sh) under the cache."""
-    log("llama.cpp: building llama-server once (about 10 minutes on 2 cores)")
+    log("llama.cpp: llama-server from the cache, or built there once (about 10 minutes on 2 idle cores)")
     done = subprocess.run(["bash", str(SCRIPTS / "build_llama_cpp.sh"), sys.executable], capture_output=True,
                           text=True)
     if done.returncode != 0:
