@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .stats import ORACLE, EngineResult, parse_result
+from .stats import EngineResult, parse_result
 from .venvs import ensure_venv
 
 ROOT = Path(__file__).resolve().parents[3]
