@@ -35,6 +35,6 @@ def local_ray():
     """A Ray instance of this machine's two CPUs for one test module (the test module skips where Ray is missing)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

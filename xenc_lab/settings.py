@@ -43,6 +43,8 @@ SETTINGS = {
                 "compile=True on CUDA: one compilation with symbolic sizes, or one per bucket shape"),
         Setting("XENC_LAB_PARITY_DEVICE", "cpu", None,
                 "the parity suite only: the device xenc_lab runs on against the oracle on the CPU"),
+        Setting("XENC_LAB_API_KEY", "", None,
+                "xenc-lab serve only: the key every route but /health requires where --api-key is not given"),
     )
 }
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import os
+
+from .. import settings
 
 API_KEY_ENV = "XENC_LAB_API_KEY"  # vLLM's is VLLM_API_KEY
 
@@ -79,7 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise ValueError("TLS needs both --ssl-keyfile and --ssl-certfile")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key if args.api_key is not None else settings.get(API_KEY_ENV)
     # checked before the model loads
     limits = Limits(args.max_documents, args.max_request_bytes, args.max_queue, args.body_timeout, args.request_timeout)
     scorer = Scorer(args.model, device=args.device, dtype=args.dtype, compile=args.compile)

@@ -106,6 +106,6 @@ def trained_reranker(root: Path | None = None, show_progress_bar: bool = True) -
     """The directory of the MiniLM-L6 cross-encoder above fine-tuned as a reranker on the training split of the
     standard library's documentation (``xenc_lab.training``): built once, offline (40 steps of 32 pairs of 64 tokens),
     then cached. Evaluate it on ``training.pydocs_split``'s test split, whose queries it never saw."""
-    from .training import trained_reranker as build
+    from ..training import trained_reranker as build
 
     return build(root, show_progress_bar=show_progress_bar)
