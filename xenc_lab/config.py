@@ -143,3 +143,23 @@ def share_prefix_of(share_prefix, decoder: bool, architecture: str) -> bool:
             f"{architecture} is an encoder, whose every token attends to every other. Leave share_prefix unset (None)"
         )
     return decoder if share_prefix is None else share_prefix
+
+
+def check_max_length(config: ScorerConfig, max_length: int, specials: int, limit: int | None, architecture: str,
+                     chunked: bool, remedy: str, source: str = "") -> None:
+    """Refuse a max_length below a pair's special tokens (the tokenizer could not truncate to it), one the position
+    table cannot embed (sentence-transformers would fail on the first pair that long) or one pair of which the
+    token budget cannot hold (``chunked``: a decoder runs a long pair in chunks). ``remedy``: "pass" (to the Scorer)
+    or "use" (per call), and ``source`` (" (from ...)") for the message."""
+    if max_length < specials:
+        raise ValueError(f"max_length={max_length}{source} cannot hold the {specials} special tokens of a pair; "
+                         f"{remedy} max_length>={specials}")
+    if limit is not None and max_length > limit:
+        raise ValueError(f"max_length={max_length}{source} exceeds what {architecture} can embed ({limit} positions); "
+                         f"{remedy} max_length<={limit}")
+    longest = -(-max_length // config.page_size) * config.page_size  # whole pages
+    if longest > config.max_batch_tokens and not chunked:
+        raise ValueError(
+            f"max_batch_tokens={config.max_batch_tokens} cannot hold one pair of max_length={max_length}{source} "
+            f"({longest} tokens in pages of {config.page_size}); raise max_batch_tokens or lower max_length"
+        )

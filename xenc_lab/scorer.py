@@ -15,28 +15,19 @@ import torch
 from tqdm.auto import tqdm
 
 from . import settings
-from .config import ScorerConfig, check_call_device, resolve_device, share_prefix_of, whole_number
+from .config import (ScorerConfig, check_call_device, check_max_length, resolve_device, share_prefix_of,
+                     whole_number)
 from .cpu.info import HALF_UNITS, cpu_info, native_half_units
 from .decoder.chat import ChatPairTokenizer, pair_tokenizer, score_tokens
 from .engine import INPUT_BLOCK, Budget, CallOptions, Engine, gathered
 from .engines import engine_for
 from .loader import architecture_of, family_of, load_config, load_model, resolve
 from .long_documents import call_mode, check_supported, pair_scores, windowed_pairs
-from .pages import pages_for
 from .runner import ModelRunner
 from .score_cache import open_cache
 from .scores import default_activation, to_scores
-from .st_args import (
-    check_flags,
-    check_ordered,
-    is_single_pair,
-    new_model_card_data,
-    predict_names,
-    rank_names,
-    resolve_prompt,
-    split_pairs,
-    vllm_pairs,
-)
+from .st_args import (check_flags, check_ordered, is_single_pair, new_model_card_data, predict_names, rank_names,
+                      resolve_prompt, split_pairs, vllm_pairs)
 from .st_format import processing_max_length, read_cross_encoder_save
 
 STREAM_BLOCK = 16 * INPUT_BLOCK  # pairs of an iterator taken at a time
@@ -202,27 +193,8 @@ class Scorer:
 
     # -- the engine ---------------------------------------------------------------------------------
     def _check_max_length(self, max_length: int, remedy: str, source: str = "") -> None:
-        """Refuse a max_length below a pair's special tokens (the tokenizer could not truncate to it), one the position
-        table cannot embed (sentence-transformers would fail on the first pair that long) or one pair of which the
-        token budget cannot hold. ``remedy``: "pass" (to the Scorer) or "use" (per call), and ``source``
-        (" (from ...)") for the message."""
-        specials = self.tokenizer.specials
-        if max_length < specials:
-            raise ValueError(f"max_length={max_length}{source} cannot hold the {specials} special tokens of a pair; "
-                             f"{remedy} max_length>={specials}")
-        limit = self.family.position_limit(self.hf_config)
-        if limit is not None and max_length > limit:
-            raise ValueError(
-                f"max_length={max_length}{source} exceeds what {self.architecture} can embed ({limit} positions); "
-                f"{remedy} max_length<={limit}"
-            )
-        cfg = self.config
-        longest = pages_for(max_length, cfg.page_size) * cfg.page_size
-        if longest > cfg.max_batch_tokens and not self.decoder:  # a decoder runs a long pair in chunks
-            raise ValueError(
-                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one pair of max_length={max_length}{source} "
-                f"({longest} tokens in pages of {cfg.page_size}); raise max_batch_tokens or lower max_length"
-            )
+        check_max_length(self.config, max_length, self.tokenizer.specials, self.family.position_limit(self.hf_config),
+                         self.architecture, self.decoder, remedy, source)
 
     def _call_max_length(self, max_length, processing_kwargs) -> int | None:
         """A per-call max_length, as CrossEncoder.predict takes it: ``max_length=n`` or
@@ -284,25 +256,12 @@ class Scorer:
             text_1 = [prompt + t for t in text_1]
         return self.engine.run(tokenize, text_1, text_2, CallOptions(batch_size, max_length, show))
 
-    def predict(
-        self,
-        pairs=None,
-        *,
-        batch_size: int | None = None,
-        show_progress_bar: bool | None = None,
-        activation_fn: Callable | None = None,
-        apply_softmax: bool = False,
-        convert_to_numpy: bool = True,
-        convert_to_tensor: bool = False,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        max_length: int | None = None,
-        processing_kwargs: dict | None = None,
-        device: str | torch.device | None = None,
-        long_documents: str | None = None,
-        window_stride: int | None = None,
-        **other_names,
-    ):
+    def predict(self, pairs=None, *, batch_size: int | None = None, show_progress_bar: bool | None = None,
+                activation_fn: Callable | None = None, apply_softmax: bool = False, convert_to_numpy: bool = True,
+                convert_to_tensor: bool = False, prompt_name: str | None = None, prompt: str | None = None,
+                max_length: int | None = None, processing_kwargs: dict | None = None,
+                device: str | torch.device | None = None, long_documents: str | None = None,
+                window_stride: int | None = None, **other_names):
         """Scores of (text_1, text_2) pairs: float32 array of shape (N,) for one label, (N, num_labels) else.
 
         Same input forms and outputs as ``CrossEncoder.predict``: a single pair gives a scalar (or a

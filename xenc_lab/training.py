@@ -151,14 +151,12 @@ def train(examples: list[dict[str, str]], base: Path, out: Path, settings: Train
     return out
 
 
-def trained_reranker(root: str | os.PathLike | None = None, settings: TrainingSettings = TrainingSettings(),
-                     show_progress_bar: bool = True) -> Path:
-    """Build (once: 40 steps of 32 pairs of 64 tokens a round) and return the folder of the trained MiniLM-L6
-    reranker, that of its last round."""
-    from .zoo import cache_dir, minilm_cross_encoder
-
-    root = Path(root) if root is not None else cache_dir()
-    model = minilm_cross_encoder(root, seed=settings.base_seed)
+def train_reranker(base: Path, root: str | os.PathLike, settings: TrainingSettings = TrainingSettings(),
+                   show_progress_bar: bool = True) -> Path:
+    """Build under ``root`` (once: 40 steps of 32 pairs of 64 tokens a round) and return the folder of the reranker
+    fine-tuned from the cross-encoder folder ``base`` (``zoo.trained_reranker`` passes MiniLM-L6's), that of its last
+    round."""
+    root, model = Path(root), Path(base)
     for round in range(settings.rounds):
         examples = training_examples(settings, round)
         target = root / f"minilm-l6-pydocs-reranker-{cache_key(examples, settings, model)[:16]}"

@@ -102,10 +102,13 @@ def minilm_cross_encoder(root: Path | None = None, seed: int = 1234) -> Path:
     return target
 
 
-def trained_reranker(root: Path | None = None, show_progress_bar: bool = True) -> Path:
+def trained_reranker(root: Path | None = None, show_progress_bar: bool = True, settings=None) -> Path:
     """The directory of the MiniLM-L6 cross-encoder above fine-tuned as a reranker on the training split of the
-    standard library's documentation (``xenc_lab.training``): built once, offline (40 steps of 32 pairs of 64 tokens),
-    then cached. Evaluate it on ``training.pydocs_split``'s test split, whose queries it never saw."""
-    from ..training import trained_reranker as build
+    standard library's documentation (``xenc_lab.training``; ``settings``: its ``TrainingSettings``): built once,
+    offline (40 steps of 32 pairs of 64 tokens), then cached. Evaluate it on ``training.pydocs_split``'s test split,
+    whose queries it never saw."""
+    from ..training import TrainingSettings, train_reranker
 
-    return build(root, show_progress_bar=show_progress_bar)
+    settings = TrainingSettings() if settings is None else settings
+    root = Path(root) if root is not None else cache_dir()
+    return train_reranker(minilm_cross_encoder(root, seed=settings.base_seed), root, settings, show_progress_bar)
