@@ -206,7 +206,7 @@ def test_activated_scores_equal_crossencoder(name, pairs, softmax, recorder):
     theirs = oracle(name).predict(pairs, apply_softmax=softmax)
     assert ours.dtype == np.float32 and ours.shape == theirs.shape
     recorder.add(name, "float32", "activated scores", ours, theirs)
-    assert_parity(name, pairs, ours, theirs, {"atol": 1e-5, "rtol": 0}, recorder, apply_softmax=softmax)
+    assert_parity(name, pairs, ours, theirs, raw_tolerance(name), recorder, apply_softmax=softmax)
 
 
 def small_max_length(name: str, which) -> int:
