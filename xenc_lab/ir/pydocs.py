@@ -3,11 +3,11 @@ some standard-library modules is a document (its module as title, its docstring 
 name's words has that function's docstring as its one relevant document. Its BM25 first stage is ``xenc_lab.bm25``."""
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import os
 import re
+import subprocess
+import sys
 import warnings
 
 MODULES = [
@@ -21,15 +21,12 @@ MODULES = [
 ]
 
 
-def _documented_functions(module_name: str):
-    module = importlib.import_module(module_name)
-    for name, obj in sorted(vars(module).items()):
-        if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
-            continue
-        doc = inspect.getdoc(obj) or ""
-        words = name.split("_")
-        if len(doc) >= 80 and len(name) >= 4:
-            yield name, words, doc
+def _documented_functions() -> list[tuple[str, str, list[str], str]]:
+    """(module, name, name's words, docstring) of every documented function of MODULES, read in a fresh isolated
+    interpreter (``pydocs_extract.py``): the same for a script, pytest and a notebook kernel."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pydocs_extract.py")
+    out = subprocess.run([sys.executable, "-I", script, *MODULES], capture_output=True, text=True, check=True)
+    return [(module, name, name.split("_"), doc) for module, name, doc in json.loads(out.stdout)]
 
 
 def python_docs_collection(folder: str | os.PathLike, max_chars: int = 1000, max_queries: int | None = None
@@ -41,15 +38,14 @@ def python_docs_collection(folder: str | os.PathLike, max_chars: int = 1000, max
     keeps the first queries only (the corpus stays whole). The contents follow the running Python's docstrings."""
     os.makedirs(os.path.join(folder, "qrels"), exist_ok=True)
     docs, queries, texts = [], {}, set()
-    for module in MODULES:
-        for name, words, doc in _documented_functions(module):
-            docno, text = f"{module}.{name}", re.sub(r"\s+", " ", doc)[:max_chars]
-            if (module, text) in texts:
-                continue
-            texts.add((module, text))
-            docs.append({"_id": docno, "title": module, "text": text})
-            query = " ".join(module.replace(".", " ").split() + [w for w in words if w])
-            queries.setdefault(query, docno)  # one query per distinct text
+    for module, name, words, doc in _documented_functions():
+        docno, text = f"{module}.{name}", re.sub(r"\s+", " ", doc)[:max_chars]
+        if (module, text) in texts:
+            continue
+        texts.add((module, text))
+        docs.append({"_id": docno, "title": module, "text": text})
+        query = " ".join(module.replace(".", " ").split() + [w for w in words if w])
+        queries.setdefault(query, docno)  # one query per distinct text
     paths = {name: os.path.join(folder, file) for name, file in
              (("corpus", "corpus.jsonl"), ("queries", "queries.jsonl"), ("qrels", os.path.join("qrels", "test.tsv")))}
     with open(paths["corpus"], "w", encoding="utf-8") as f:
