@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, settings
 
 from xenc_lab import Scorer
 from xenc_lab.zoo import cache_dir, minilm_cross_encoder
+from xenc_lab.zoo.decoders import DECODER_SPECS, build_decoder
 from xenc_lab.zoo.encoders import build_model
 
-from xenc_lab.zoo.decoders import DECODER_SPECS, build_decoder
+from .completeness import SuiteRun
 from .report import ParityRecorder
 
 # "ci" (the default) is sized for a 2-core CI machine: about 12 minutes of parity properties there, most of it
@@ -101,8 +102,30 @@ def recorder() -> ParityRecorder:
     return RECORDER
 
 
+def pytest_configure(config):
+    config.pluginmanager.register(SuiteRun(Path(__file__).parent, config), "parity-suite-run")
+
+
+def pytest_collection_modifyitems(items):
+    # On a GPU the compiled properties are skipped (they are checked on the CPU): a skip keeps the run whole, where a
+    # `-k "not compiled"` deselection would leave reports/parity-<device>.md unwritten.
+    if DEVICE == "cpu":
+        return
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if "compiled" in item.name and here in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.skip(reason=f"the compiled properties run on the CPU, not {DEVICE}"))
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if any(True for _ in RECORDER.rows()):
+    """Only a run of the whole suite rewrites the report: a partial one would replace it with a few rows."""
+    if not any(True for _ in RECORDER.rows()):
+        return
+    if why := session.config.pluginmanager.get_plugin("parity-suite-run").incomplete():
+        session.config.get_terminal_writer().line(
+            f"\n{REPORT.relative_to(REPORT.parent.parent)} not written: a partial parity run, {why} "
+            "(`python -m pytest parity_tests` writes it whole)", yellow=True)
+    else:
         RECORDER.write(REPORT, DEVICE)
 
 

@@ -1,5 +1,5 @@
 """``rerank``: each query's top candidates ordered by the scorer, the rest kept in first-stage order, all queries
-streamed through windows, the output written query by query so an interrupted run resumes to the same file."""
+streamed through the engine pairs_per_call pairs at a time, the output written query by query so an interrupted run resumes to the same file."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -60,13 +60,20 @@ def test_texts_are_title_space_text_and_the_title_can_be_left_out():
     assert scorer.pairs[0] == (QUERIES["q0"], "")
 
 
-def test_queries_stream_together_in_windows_not_one_by_one():
+def test_queries_stream_together_up_to_pairs_per_call_not_one_by_one():
     scorer = Overlap()
-    rerank(scorer, QUERIES, CORPUS, first_stage(), depth=10, window=25, show_progress_bar=False)
-    assert scorer.calls == [20, 20, 20, 10]  # whole queries, as many as the window holds
+    rerank(scorer, QUERIES, CORPUS, first_stage(), depth=10, pairs_per_call=25, show_progress_bar=False)
+    assert scorer.calls == [20, 20, 20, 10]  # whole queries, as many as a call holds
     scorer = Overlap()
-    rerank(scorer, QUERIES, CORPUS, first_stage(), depth=10, window=5, show_progress_bar=False)
-    assert scorer.calls == [10] * 7  # a query larger than the window still runs whole
+    rerank(scorer, QUERIES, CORPUS, first_stage(), depth=10, pairs_per_call=5, show_progress_bar=False)
+    assert scorer.calls == [10] * 7  # a query larger than a call still runs whole
+
+
+def test_window_the_old_name_of_pairs_per_call_still_works_and_warns():
+    scorer = Overlap()
+    with pytest.warns(DeprecationWarning, match="rerank\\(window=\\) is deprecated: pass pairs_per_call="):
+        rerank(scorer, QUERIES, CORPUS, first_stage(), depth=10, window=25, show_progress_bar=False)
+    assert scorer.calls == [20, 20, 20, 10]
 
 
 def test_ties_break_by_docno_descending_as_trec_eval_reads_them_so_reruns_write_the_same_file(tmp_path):
@@ -89,15 +96,15 @@ def test_output_file_holds_the_returned_frame_exactly(tmp_path):
 
 def test_an_interrupted_run_leaves_complete_queries_and_resumes_to_the_same_file(tmp_path):
     full = tmp_path / "full.trec"
-    rerank(Overlap(), QUERIES, CORPUS, first_stage(), depth=5, output=full, window=10, show_progress_bar=False)
+    rerank(Overlap(), QUERIES, CORPUS, first_stage(), depth=5, output=full, pairs_per_call=10, show_progress_bar=False)
     part = tmp_path / "part.trec"
     with pytest.raises(KeyboardInterrupt):
-        rerank(Overlap(interrupt_after=2), QUERIES, CORPUS, first_stage(), depth=5, output=part, window=10,
+        rerank(Overlap(interrupt_after=2), QUERIES, CORPUS, first_stage(), depth=5, output=part, pairs_per_call=10,
                show_progress_bar=False)
     lines = part.read_text().splitlines()
-    assert len(lines) == 4 * 12 and full.read_text().startswith(part.read_text())  # 2 windows of 2 queries
+    assert len(lines) == 4 * 12 and full.read_text().startswith(part.read_text())  # 2 calls of 2 queries
     scorer = Overlap()
-    out = rerank(scorer, QUERIES, CORPUS, first_stage(), depth=5, output=part, window=10, resume=True,
+    out = rerank(scorer, QUERIES, CORPUS, first_stage(), depth=5, output=part, pairs_per_call=10, resume=True,
                  show_progress_bar=False)
     assert sum(scorer.calls) == 3 * 5  # only the three queries left were scored
     assert part.read_text() == full.read_text()
@@ -164,7 +171,9 @@ def test_first_stage_order_is_score_descending_whatever_the_rank_column_says():
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"depth": 0}, ValueError, "depth must be a positive int or None"),
     ({"depth": 2.5}, ValueError, "depth must be a positive int or None"),
-    ({"window": 0}, ValueError, "window must be a positive int"),
+    ({"pairs_per_call": 0}, ValueError, "pairs_per_call must be a positive int"),
+    ({"pairs_per_call": True}, ValueError, "pairs_per_call must be a positive int"),
+    ({"pairs_per_call": 10, "window": 25}, TypeError, "pass pairs_per_call= alone: window= is its old name"),
     ({"convert_to_tensor": True}, TypeError, "rerank\\(\\) sets convert_to_tensor itself"),
     ({"tag": "a b"}, ValueError, "a run tag must be a non-empty str without spaces"),
     ({"resume": True}, ValueError, "resume=True needs an output file"),
@@ -195,7 +204,7 @@ def test_a_decoder_reranker_shares_each_querys_prefix_across_its_candidates(tmp_
     scorer = Scorer(build_decoder("qwen3-reranker", tmp_path_factory.mktemp("qwen3")), device="cpu")
     run = first_stage(10)
     out = rerank(scorer, QUERIES, CORPUS, run, depth=10, prompt="Judge the document.", show_progress_bar=False)
-    counts = scorer.token_counts  # of the last predict call: the whole run fits one window
+    counts = scorer.token_counts  # of the last predict call: the whole run fits one call
     assert counts.computed < 0.8 * counts.total, counts
     pairs = [(QUERIES["q2"], "{title} {text}".format(**CORPUS[d])) for d in out[out["qid"] == "q2"]["docno"]]
     alone = scorer.predict(pairs, prompt="Judge the document.")

@@ -81,11 +81,11 @@ def run_command(args: argparse.Namespace) -> int:
     loading = {"dtype": args.dtype, "compile": args.compile}
     loading.update({k: v for k, v in (("long_documents", args.long_documents), ("window_stride", args.window_stride))
                     if v is not None})
-    window = {}
+    per_call = {}
     if args.ray_address is None:
         scorer = Scorer(args.model, device=args.device, cache=args.cache, **loading)
         print(scorer)
-    else:  # each window of pairs becomes a Ray Dataset: large windows keep the actors busy
+    else:  # each engine call's pairs become a Ray Dataset: large calls keep the actors busy
         if args.cache is not None:
             raise ValueError("--cache works in one process; drop it with --ray-address")
         from ..distributed import RayScorer, _ray
@@ -93,12 +93,12 @@ def run_command(args: argparse.Namespace) -> int:
         _ray().init(address=None if args.ray_address == "local" else args.ray_address, ignore_reinit_error=True)
         scorer = RayScorer(args.model, concurrency=args.concurrency, **loading,
                            **({"device": args.device} if args.device else {}))
-        window = {"window": 65536}
+        per_call = {"pairs_per_call": 65536}
     options = {k: v for k, v in (("max_length", args.max_length), ("batch_size", args.batch_size),
                                  ("prompt", args.prompt)) if v is not None}
     ranked = rerank(scorer, args.queries, args.corpus, first, depth=args.depth, output=args.output,
                     resume=args.resume, overwrite=args.overwrite, tag=args.tag, skip_missing=args.skip_missing,
-                    title_sep=None if args.no_title else " ", **window, **options)
+                    title_sep=None if args.no_title else " ", **per_call, **options)
     print(f"wrote {args.output}: {ranked['qid'].nunique()} queries, {len(ranked)} lines")
     if args.qrels is not None:
         table = experiment({"first stage": first, "reranked": args.output}, None, args.qrels, args.measures,

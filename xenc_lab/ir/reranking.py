@@ -1,5 +1,6 @@
 """``rerank``: a first-stage run's top candidates rescored by a cross-encoder, all queries' pairs streamed through the
-engine together in windows, each query written to the output as it completes (so an interrupted run resumes)."""
+engine together, whole queries up to ``pairs_per_call`` pairs per engine call, each query written to the output as it
+completes (so an interrupted run resumes)."""
 from __future__ import annotations
 
 import numbers
@@ -11,7 +12,7 @@ from tqdm.auto import tqdm
 
 from .files import check_tag, format_run_lines, read_corpus, read_queries, read_run, texts_of_run
 
-WINDOW = 4096  # pairs scored per engine call: bounds the texts and scores in flight, not the run's size
+PAIRS_PER_CALL = 4096  # pairs scored per engine call: bounds the texts and scores in flight, not the run's size
 
 
 @dataclass
@@ -121,7 +122,8 @@ def rerank(
     tag: str = "xenc_lab",
     title_sep: str | None = " ",
     skip_missing: bool = False,
-    window: int = WINDOW,
+    pairs_per_call: int = PAIRS_PER_CALL,
+    window: int | None = None,
     show_progress_bar: bool = True,
     cache=None,
     **predict_kwargs,
@@ -133,6 +135,8 @@ def rerank(
     dicts. A document's text is its title, ``title_sep`` and its text where it has a title (None: text only).
     Candidates below ``depth`` (None: all are reranked) keep their first-stage order, scored below the reranked
     ones. ``output``: a TREC run file written query by query; ``resume=True`` continues one that was interrupted.
+    ``pairs_per_call``: the pairs of whole queries given to each engine call (a query with more still goes whole);
+    ``window`` is its old name, deprecated ("window" is a long document's, ``long_documents``/``window_stride``).
     ``scorer``: a ``Scorer``, a model directory or hub id (loaded as a Scorer), or anything with
     ``CrossEncoder.predict``'s signature (a ``CrossEncoder`` itself, to compare); ``predict_kwargs`` (``batch_size``,
     ``prompt``, ``max_length``, ``long_documents``...) go to its ``predict``. ``cache``: a score cache file (or
@@ -143,8 +147,14 @@ def rerank(
                         f"{type(scorer).__name__}")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 1):
         raise ValueError(f"depth must be a positive int or None (rerank all), got {depth!r}")
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
+    if window is not None:
+        if pairs_per_call != PAIRS_PER_CALL:
+            raise TypeError("pass pairs_per_call= alone: window= is its old name")
+        warnings.warn("rerank(window=) is deprecated: pass pairs_per_call= (pairs per engine call)", DeprecationWarning,
+                      stacklevel=2)
+        pairs_per_call = window
+    if isinstance(pairs_per_call, bool) or not isinstance(pairs_per_call, numbers.Integral) or pairs_per_call < 1:
+        raise ValueError(f"pairs_per_call must be a positive int, got {pairs_per_call!r}")
     for name in ("convert_to_numpy", "convert_to_tensor", "apply_softmax"):
         if name in predict_kwargs:
             raise TypeError(f"rerank() sets {name} itself; leave it out")
@@ -189,7 +199,7 @@ def rerank(
             start = 0
             while start < len(todo):
                 group, n = [], 0
-                while start < len(todo) and (not group or n + todo[start].depth <= window):
+                while start < len(todo) and (not group or n + todo[start].depth <= pairs_per_call):
                     group.append(todo[start])
                     n += todo[start].depth
                     start += 1
