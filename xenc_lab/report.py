@@ -153,8 +153,8 @@ def precision(out: Path, queries: int | None = None, depth: int = 20, command: s
         "",
         f"## Metrics against {base}: paired t-test and randomization test per variant",
         "",
-        f"`xenc_lab.ir.significance({base} run, variant run)`: mean_a is {base}'s, mean_b the variant's; `+` / `-` "
-        "count the queries the variant improves / degrades.",
+        (f"`xenc_lab.ir.significance({base} run, variant run)`: mean_a is {base}'s, mean_b the variant's; `+` / `-` "
+         "count the queries the variant improves / degrades."),
         "",
         fmt(paired),
         "",
