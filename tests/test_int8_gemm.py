@@ -88,3 +88,14 @@ def test_config_refuses_int8_off_the_cpu():
     with pytest.raises(ValueError, match="CPU only"):
         ScorerConfig(model="m", device="cuda", quantization="int8")
     assert ScorerConfig(model="m", quantization="int8").quantization == "int8"
+
+
+def test_float32_keeps_the_first_layer_at_dtype_and_bfloat16_quantizes_it(tiny_dir):
+    from xenc_lab import Scorer
+
+    for dtype, first_in_int8 in (("float32", False), ("bfloat16", True)):
+        model = Scorer(tiny_dir, device="cpu", dtype=dtype, quantization="int8").engine.runner.model
+        stack = next(m for m in model.modules() if isinstance(m, nn.ModuleList))
+        assert len(stack) >= 2
+        assert any(isinstance(m, Int8Linear) for m in stack[0].modules()) is first_in_int8, dtype
+        assert any(isinstance(m, Int8Linear) for m in stack[1].modules()), dtype

@@ -86,3 +86,21 @@ def test_rerank_command_scores_long_documents_in_windows_through_a_cache(beir, t
     assert got["docno"].tolist() == want["docno"].tolist()
     assert got["score"].to_numpy() == pytest.approx(want["score"].to_numpy(), abs=1e-6)
     assert main(["cache", "info", str(cache)]) == 0 and "60 pairs" in capsys.readouterr().out
+
+
+def test_rerank_command_passes_quantization_to_the_scorer_and_refuses_a_bad_one(beir, tiny_dir, tmp_path, capsys):
+    from xenc_lab import Scorer, rerank
+
+    out = tmp_path / "int8.trec"
+    argv = ["rerank", "--model", str(tiny_dir), "--beir", str(beir), "--run", str(beir / "bm25.trec"), "--depth", "5",
+            "--output", str(out), "--device", "cpu"]
+    assert main(argv + ["--quantization", "int8"]) == 0
+    assert "quantization='int8'" in capsys.readouterr().out
+    want = rerank(Scorer(tiny_dir, device="cpu", quantization="int8"), beir / "queries.jsonl", beir / "corpus.jsonl",
+                  read_run(beir / "bm25.trec"), depth=5, show_progress_bar=False)
+    got = read_run(out)
+    assert got[["qid", "docno"]].equals(want[["qid", "docno"]].reset_index(drop=True))
+    assert (got["score"] - want["score"].to_numpy()).abs().max() < 1e-4  # the TREC file's printed digits
+    with pytest.raises(SystemExit) as exit_:
+        main(argv[:-4] + ["--output", str(tmp_path / "o.trec"), "--quantization", "int4"])
+    assert exit_.value.code == 2 and "--quantization: invalid choice: 'int4'" in capsys.readouterr().err

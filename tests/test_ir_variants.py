@@ -68,6 +68,7 @@ def test_precision_report_writes_its_tables_machine_and_figure(tmp_path, tiny_di
     for heading in ("## Scores", "## Rankings against float32", "## Metrics"):
         assert heading in text
     assert "| bfloat16 " in text and (tmp_path / "precision.png").stat().st_size > 10_000
+    assert "held-out queries" in text and "p-value (randomization)" in text and "nDCG@10 p-value corrected" in text
 
 
 def test_report_command_refuses_an_unknown_part(capsys):
@@ -96,3 +97,18 @@ def test_a_query_has_a_swapped_neighbor_pair_exactly_where_its_order_changed(exp
         assert (changed == (taus[name].reindex(changed.index) < 1)).all(), name
     assert not result.neighbor_swaps("fp32")["swapped"].any()
     assert result.neighbor_swaps("short")["swapped"].any()  # the test can fail: max_length=24 reorders
+
+
+def test_the_standard_variants_run_int8_where_the_scorers_run_on_the_cpu_only(experiment, tiny_dir, monkeypatch):
+    from xenc_lab.ir import variants as module
+
+    assert module.STANDARD_VARIANTS["int8"] == {"quantization": "int8"}
+    paths, run, _ = experiment
+    monkeypatch.setattr(module, "STANDARD_VARIANTS", {"float32": {}, "int8": {"quantization": "int8"}})
+    result = rerank_variants(tiny_dir, paths["queries"], paths["corpus"], run, depth=8,
+                             scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
+    assert list(result.runs) == ["float32", "int8"] and result.score_deltas().loc["int8", "max |delta|"] > 0
+    monkeypatch.setattr(module, "_device", lambda device: "cuda")  # as if the Scorers ran on a GPU
+    result = rerank_variants(tiny_dir, paths["queries"], paths["corpus"], run, depth=8,
+                             scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
+    assert list(result.runs) == ["float32"]

@@ -342,6 +342,26 @@ def test_serve_command_binds_loopback_by_default_and_warns_on_any_other_address_
         main(["serve", str(tiny_dir), "--body-timeout", "0"])
 
 
+def test_serve_command_passes_quantization_to_the_scorer_and_refuses_a_bad_one(tiny_dir, monkeypatch, capsys):
+    from xenc_lab.cli import main
+    from xenc_lab.serve import app as app_module
+    from xenc_lab.serve.server import Server
+
+    served, served_logs = [], logging.getLogger("xenc_lab.serve")
+    monkeypatch.setattr(Server, "run", lambda self: None)
+    monkeypatch.setattr(app_module, "create_app", lambda scorer, *a, **k: served.append(scorer) or create_app(
+        scorer, *a, **k))
+    monkeypatch.setattr(served_logs, "handlers", [])
+    monkeypatch.setattr(served_logs, "level", served_logs.level)
+    assert main(["serve", str(tiny_dir), "--device", "cpu", "--quantization", "int8"]) == 0
+    assert served[-1].config.quantization == "int8" and "quantization='int8'" in capsys.readouterr().out
+    assert main(["serve", str(tiny_dir), "--device", "cpu"]) == 0
+    assert served[-1].config.quantization is None
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", str(tiny_dir), "--quantization", "fp8"])
+    assert exit_.value.code == 2 and "--quantization: invalid choice: 'fp8'" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_importing_xenc_lab_does_not_import_the_web_stack():
     import subprocess

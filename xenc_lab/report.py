@@ -24,15 +24,17 @@ def add_parser(sub) -> None:
                        description="Regenerates the reports on this machine, each with the machine and versions: "
                                    "parity (the parity suite, pytest -m parity: reports/parity.md), throughput (bench --memory), "
                                    "decoder (bench --decoder), serving (bench --serve: served against offline "
-                                   "pairs/s), precision (fp32 against bf16, compile and a shorter max_length, on "
-                                   "scores, rankings and metrics: precision.md and precision.png), "
+                                   "pairs/s), precision (the trained reranker on the docs collection's held-out queries: "
+                                   "fp32 against bf16, compile, another max_length and int8, on scores, rankings and "
+                                   "metrics: precision.md and precision.png), "
                                    "memory (a million pairs streamed through predict: memory.md), "
                                    "and notebooks (each executed and saved with its outputs). Needs a clone of the "
                                    "repository (its test suites and notebooks/).")
     p.add_argument("parts", nargs="*", default=None, metavar="PART",
                    help=f"what to regenerate, of {', '.join(PARTS)} (default: all)")
     p.add_argument("--out", default=str(ROOT / "reports"), metavar="DIR", help="where reports go (default: reports/)")
-    p.add_argument("--queries", type=int, default=100, help="queries in the precision experiment (default 100)")
+    p.add_argument("--queries", type=int, default=None,
+                   help="precision: the first N held-out queries of the docs collection (default: all of them)")
     p.set_defaults(func=run_command)
 
 
@@ -83,34 +85,57 @@ def serving(out: Path) -> None:
     _bench("--serve", "--report", str(out))
 
 
-def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xenc-lab report precision",
+def precision(out: Path, queries: int | None = None, depth: int = 20, command: str = "xenc-lab report precision",
               model=None, variants: dict | None = None) -> Path:
-    """reports/precision.md and precision.png: the docs collection's BM25 run reranked by ``model`` (default: the
-    MiniLM-L6 cross-encoder) in fp32 and under each variant; what each changes in scores, rankings and metrics."""
-    from .ir.first_stage import bm25
-    from .ir.pydocs import python_docs_collection
-    from .ir.variants import STANDARD_VARIANTS, rerank_variants
-    from .zoo import minilm_cross_encoder
+    """reports/precision.md and precision.png: the held-out queries of the docs collection (``training.pydocs_split``;
+    ``queries``: the first N of them, default all), BM25's candidates reranked by ``model`` (default: the trained
+    reranker, ``zoo.trained_reranker``) in fp32 and under each variant (default: ``STANDARD_VARIANTS``, with int8
+    in bf16 too where the CPU has bf16 units); what each changes in scores, rankings and metrics."""
+    import pandas as pd
 
-    variants = dict(STANDARD_VARIANTS if variants is None else variants)  # bf16 runs on any CPU: its numbers matter
+    from .cpu.info import native_half_units
+    from .ir.experiments import significance
+    from .ir.files import read_qrels
+    from .ir.first_stage import bm25
+    from .ir.variants import STANDARD_VARIANTS, rerank_variants
+    from .training import pydocs_split
+    from .zoo import trained_reranker
+
+    if queries is not None and (isinstance(queries, bool) or not isinstance(queries, int) or queries < 1):
+        raise ValueError(f"queries must be a positive int or None (all held-out queries), got {queries!r}")
+    if variants is None:
+        variants = dict(STANDARD_VARIANTS)
+        if native_half_units("bfloat16"):
+            variants["int8, bfloat16"] = {"quantization": "int8", "dtype": "bfloat16"}
     with tempfile.TemporaryDirectory() as tmp:
-        paths = python_docs_collection(tmp, max_chars=1000, max_queries=queries)
+        paths = pydocs_split(tmp)
+        qrels = read_qrels(paths["test"])
+        held_out = sorted(set(qrels["qid"]))[:queries]
+        qrels = qrels[qrels["qid"].isin(held_out)]
         run = bm25(paths["queries"], paths["corpus"], k=100)
-        result = rerank_variants(model or minilm_cross_encoder(), paths["queries"], paths["corpus"], run, variants,
-                                 depth=depth, scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
+        run = run[run["qid"].isin(held_out)].reset_index(drop=True)
+        result = rerank_variants(model or trained_reranker(show_progress_bar=False), paths["queries"], paths["corpus"],
+                                 run, variants, depth=depth, scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
         deltas, ranks = result.score_deltas(), result.rankings(k=10)
-        metrics = result.metrics(paths["qrels"], ("nDCG@10", "RR@10"))
-        fig = result.plot(paths["qrels"], ("nDCG@10", "RR@10"))
+        measures = ("nDCG@10", "RR@10")
+        metrics = result.metrics(qrels, measures)
+        base = result.baseline
+        tests = {name: significance(result.runs[base], result.runs[name], qrels, measures)
+                 for name in result.runs if name != base}
+        fig = result.plot(qrels, measures)
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / "precision.png", dpi=110)
     fmt = lambda frame: frame.to_markdown(floatfmt=".3g")  # needs tabulate (the bench extra)
-    base = result.baseline
-    about = ("the MiniLM-L6 cross-encoder (real encoder weights, seeded untrained head: the metrics show how much a "
-             "setting moves them, not the model's quality)" if model is None else f"`{model}`")
-    intro = (f"Python's standard-library docstrings as a test collection (`xenc_lab.ir.pydocs`: {queries} queries, "
-             f"each judged by its function's own docstring), BM25 (bm25s) for the first stage, the top {depth} of each "
-             f"query reranked by {about}. Each variant is compared with the {base} run on the same pairs "
-             "(`xenc_lab.ir.rerank_variants`).")
+    paired = pd.concat(tests, names=["variant", "measure"])[["mean_a", "mean_b", "delta", "+", "-", "p-value",
+                                                            "p-value (randomization)", "n_queries"]]
+    about = ("the trained reranker (`xenc_lab.zoo.trained_reranker`: MiniLM-L6 fine-tuned on the collection's "
+             "training split, 64-token pairs)" if model is None else f"`{model}`")
+    intro = (f"Python's standard-library docstrings as a test collection (`xenc_lab.training.pydocs_split`: the "
+             f"{len(held_out)} held-out queries, each judged by its function's own docstring, never seen in "
+             f"training), BM25 (bm25s) for the first stage, the top {depth} of each query reranked by {about}. "
+             f"Each variant is compared with the {base} run on the same pairs (`xenc_lab.ir.rerank_variants`). "
+             "BM25 finds fewer than "
+             f"{depth} candidates for some queries: those are reranked as far as they go.")
     text = "\n".join([
         "# Precision and rankings: does a setting change the ranking?",
         "",
@@ -126,7 +151,14 @@ def precision(out: Path, queries: int = 100, depth: int = 20, command: str = "xe
         "",
         fmt(ranks),
         "",
-        f"## Metrics against {base}: queries improved (+) and degraded (-), paired t-test, Holm's correction",
+        f"## Metrics against {base}: paired t-test and randomization test per variant",
+        "",
+        (f"`xenc_lab.ir.significance({base} run, variant run)`: mean_a is {base}'s, mean_b the variant's; `+` / `-` "
+         "count the queries the variant improves / degrades."),
+        "",
+        fmt(paired),
+        "",
+        f"## Metrics against {base}: pt.Experiment's table, Holm's correction over the variants",
         "",
         fmt(metrics),
         "",
@@ -221,7 +253,7 @@ def run_command(args: argparse.Namespace) -> int:
     if unknown := [p for p in parts if p not in PARTS]:
         raise ValueError(f"unknown report part(s) {unknown}: choose from {', '.join(PARTS)}")
     # Each report names the command that regenerates it alone.
-    options = ([] if args.queries == 100 else ["--queries", str(args.queries)]) + (
+    options = ([] if args.queries is None else ["--queries", str(args.queries)]) + (
         [] if out.resolve() == (ROOT / "reports").resolve() else ["--out", str(out)])
     command = lambda part: shlex.join(["xenc-lab", "report", part, *options])
     steps = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..config import QUANTIZATIONS
 from .metrics import DEFAULT_MEASURES
 from .systems import DEFAULT_DEPTH
 
@@ -37,6 +38,9 @@ def add_parser(sub, positive_int) -> None:
                    help=f"ir-measures names (default: {' '.join(DEFAULT_MEASURES)})")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                   help="int8: the linear layers in int8 on the CPU, the rest at --dtype; scores move within "
+                        "docs/int8.md's measured bounds (default: none)")
     p.add_argument("--max-length", type=positive_int, default=None, help="truncate pairs to this many tokens")
     p.add_argument("--batch-size", type=positive_int, default=None, help="cap on pairs per batch")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -79,7 +83,8 @@ def run_command(args: argparse.Namespace) -> int:
     _beir_paths(args)
     first = read_run(args.run)  # a malformed run is refused before a model loads
     loading = {"dtype": args.dtype, "compile": args.compile}
-    loading.update({k: v for k, v in (("long_documents", args.long_documents), ("window_stride", args.window_stride))
+    loading.update({k: v for k, v in (("long_documents", args.long_documents), ("window_stride", args.window_stride),
+                                      ("quantization", args.quantization))
                     if v is not None})
     per_call = {}
     if args.ray_address is None:

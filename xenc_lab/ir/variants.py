@@ -1,6 +1,6 @@
 """Does a change move my ranking? One reranking experiment run under several Scorer settings (bf16 against fp32,
-``compile=True``, a shorter ``max_length``, another model), each compared with a baseline: score deltas on the same
-pairs, what they do to the rankings (Kendall's tau, top-k overlap), and to the metrics."""
+``compile=True``, a shorter ``max_length``, int8, another model), each compared with a baseline: score deltas on the
+same pairs, what they do to the rankings (Kendall's tau, top-k overlap), and to the metrics."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,6 +14,7 @@ STANDARD_VARIANTS = {
     "bfloat16": {"dtype": "bfloat16"},
     "compile": {"compile": True},
     "max_length=128": {"max_length": 128},
+    "int8": {"quantization": "int8"},  # CPU only: left out of the default variants where they run elsewhere
 }
 
 
@@ -134,14 +135,15 @@ class Variants:
 def rerank_variants(model, queries, corpus, run, variants: dict | None = None, depth: int | None = DEFAULT_DEPTH,
                     baseline: str | None = None, scorer_kwargs: dict | None = None, cache=None,
                     **rerank_kwargs) -> Variants:
-    """Reranks ``run`` once per variant: a name -> ``Scorer`` keyword arguments (default: ``STANDARD_VARIANTS``),
+    """Reranks ``run`` once per variant: a name -> ``Scorer`` keyword arguments (default: ``STANDARD_VARIANTS``, its
+    int8 variant only where the Scorers run on the CPU),
     each on ``model`` (a model path, or a Scorer whose settings the variants start from) unless it names its own
     ``model``; ``depth`` candidates per query, as ``rerank`` and ``experiment`` rerank them (default 100).
     ``baseline``: the variant compared against (default: the first). ``cache``: a score cache file every variant
     reads and fills. Returns ``Variants``; ``Variants.metrics(qrels)`` is ``experiment``'s table."""
     from .. import Scorer
 
-    variants = dict(STANDARD_VARIANTS if variants is None else variants)
+    standard, variants = variants is None, dict(STANDARD_VARIANTS if variants is None else variants)
     if not variants or not all(isinstance(v, dict) for v in variants.values()):
         raise TypeError(f"variants must map names to dicts of Scorer arguments, got {variants!r}")
     baseline = next(iter(variants)) if baseline is None else baseline
@@ -159,9 +161,18 @@ def rerank_variants(model, queries, corpus, run, variants: dict | None = None, d
     runs, seconds = {}, {}
     for name, kwargs in variants.items():
         kwargs = {**base_kwargs, **(scorer_kwargs or {}), **kwargs}
+        if standard and kwargs.get("quantization") and _device(kwargs.get("device")) != "cpu":
+            continue  # int8 runs on the CPU only; asked for by name elsewhere, the Scorer refuses it
         path = kwargs.pop("model", model.path if is_reranker(model) else model)
         scorer = model if is_reranker(model) and not variants[name] and not scorer_kwargs else Scorer(path, **kwargs)
         done = run_systems({name: scorer}, queries=queries, corpus=corpus, first_stage=run, depth=depth, cache=cache,
                            **rerank_kwargs)[name]
         runs[name], seconds[name] = done.run, done.seconds  # compile=True includes its compilation
     return Variants(runs, baseline, depth, seconds)
+
+
+def _device(device) -> str:
+    """The device type a Scorer given ``device`` runs on (None: CUDA where torch sees a GPU, as the Scorer picks)."""
+    import torch
+
+    return torch.device(device).type if device is not None else "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,6 +6,7 @@ import ipaddress
 import logging
 
 from .. import settings
+from ..config import QUANTIZATIONS
 
 API_KEY_ENV = "XENC_LAB_API_KEY"  # vLLM's is VLLM_API_KEY
 
@@ -35,6 +36,9 @@ def add_parser(sub, positive_int) -> None:
                    help="the name requests' `model` must match and /v1/models lists (default: MODEL as given)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA where torch sees a GPU)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                   help="int8: the linear layers in int8 on the CPU, the rest at --dtype; scores move within "
+                        "docs/int8.md's measured bounds (default: none)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"every route but /health needs 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, which "
@@ -83,7 +87,8 @@ def run_command(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else settings.get(API_KEY_ENV)
     # checked before the model loads
     limits = Limits(args.max_documents, args.max_request_bytes, args.max_queue, args.body_timeout, args.request_timeout)
-    scorer = Scorer(args.model, device=args.device, dtype=args.dtype, compile=args.compile)
+    scorer = Scorer(args.model, device=args.device, dtype=args.dtype, compile=args.compile,
+                    quantization=args.quantization)
     app = create_app(scorer, args.served_model_name, limits, api_key=api_key)
     print(scorer)
     if not _loopback(args.host) and api_key is None:
