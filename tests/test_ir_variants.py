@@ -1,6 +1,7 @@
 """``rerank_variants`` and the precision report: one experiment under several settings, each compared with the
 baseline on the same pairs; the baseline compared with itself shows no change."""
 import pytest
+import torch
 
 from xenc_lab.cli import main
 from xenc_lab import bm25
@@ -108,7 +109,7 @@ def test_the_standard_variants_run_int8_where_the_scorers_run_on_the_cpu_only(ex
     result = rerank_variants(tiny_dir, paths["queries"], paths["corpus"], run, depth=8,
                              scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
     assert list(result.runs) == ["float32", "int8"] and result.score_deltas().loc["int8", "max |delta|"] > 0
-    monkeypatch.setattr(module, "_device", lambda device: "cuda")  # as if the Scorers ran on a GPU
+    monkeypatch.setattr(module, "resolve_device", lambda device: torch.device("cuda"))  # as if on a GPU
     result = rerank_variants(tiny_dir, paths["queries"], paths["corpus"], run, depth=8,
                              scorer_kwargs={"device": "cpu"}, show_progress_bar=False)
     assert list(result.runs) == ["float32"]

@@ -16,6 +16,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 LONG_DOCUMENTS = ("truncate", "max", "mean", "first")
 # What the linear layers are quantized to (vLLM's ``quantization``): None, or "int8" (CPU only, docs/int8.md).
 QUANTIZATIONS = ("int8",)
+QUANTIZATION_HELP = ("int8: the linear layers in int8 on the CPU, the rest at --dtype; scores move within "
+                     "docs/int8.md's measured bounds (default: none)")
 
 
 @dataclass(slots=True)
@@ -101,7 +103,9 @@ def stride_of(stride) -> int | None:
 
 
 def resolve_device(device) -> torch.device:
-    """A device xenc_lab runs on: the CPU, or a CUDA GPU that torch can see."""
+    """A device xenc_lab runs on: the CPU, or a CUDA GPU that torch can see (None: CUDA where torch sees a GPU)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {type(device).__name__}")
     try:

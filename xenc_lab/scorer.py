@@ -58,8 +58,6 @@ class Scorer:
         cache: str | os.PathLike | None = None,
         quantization: str | None = None,
     ):
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
         device = resolve_device(device)
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")

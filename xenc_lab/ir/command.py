@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..config import QUANTIZATIONS
+from ..config import QUANTIZATION_HELP, QUANTIZATIONS
 from .metrics import DEFAULT_MEASURES
 from .systems import DEFAULT_DEPTH
 
@@ -39,8 +39,7 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
-                   help="int8: the linear layers in int8 on the CPU, the rest at --dtype; scores move within "
-                        "docs/int8.md's measured bounds (default: none)")
+                   help=QUANTIZATION_HELP)
     p.add_argument("--max-length", type=positive_int, default=None, help="truncate pairs to this many tokens")
     p.add_argument("--batch-size", type=positive_int, default=None, help="cap on pairs per batch")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")

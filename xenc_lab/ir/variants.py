@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import resolve_device
 from .compare import compare_rankings, summarize_comparison
 from .metrics import DEFAULT_MEASURES
 from .systems import DEFAULT_DEPTH, is_reranker, run_systems
@@ -161,7 +162,7 @@ def rerank_variants(model, queries, corpus, run, variants: dict | None = None, d
     runs, seconds = {}, {}
     for name, kwargs in variants.items():
         kwargs = {**base_kwargs, **(scorer_kwargs or {}), **kwargs}
-        if standard and kwargs.get("quantization") and _device(kwargs.get("device")) != "cpu":
+        if standard and kwargs.get("quantization") and resolve_device(kwargs.get("device")).type != "cpu":
             continue  # int8 runs on the CPU only; asked for by name elsewhere, the Scorer refuses it
         path = kwargs.pop("model", model.path if is_reranker(model) else model)
         scorer = model if is_reranker(model) and not variants[name] and not scorer_kwargs else Scorer(path, **kwargs)
@@ -170,9 +171,3 @@ def rerank_variants(model, queries, corpus, run, variants: dict | None = None, d
         runs[name], seconds[name] = done.run, done.seconds  # compile=True includes its compilation
     return Variants(runs, baseline, depth, seconds)
 
-
-def _device(device) -> str:
-    """The device type a Scorer given ``device`` runs on (None: CUDA where torch sees a GPU, as the Scorer picks)."""
-    import torch
-
-    return torch.device(device).type if device is not None else "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,7 +6,7 @@ import ipaddress
 import logging
 
 from .. import settings
-from ..config import QUANTIZATIONS
+from ..config import QUANTIZATION_HELP, QUANTIZATIONS
 
 API_KEY_ENV = "XENC_LAB_API_KEY"  # vLLM's is VLLM_API_KEY
 
@@ -37,8 +37,7 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA where torch sees a GPU)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
-                   help="int8: the linear layers in int8 on the CPU, the rest at --dtype; scores move within "
-                        "docs/int8.md's measured bounds (default: none)")
+                   help=QUANTIZATION_HELP)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"every route but /health needs 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, which "
