@@ -1,5 +1,6 @@
 """The int8 linear layer (cpu/int8.py, csrc/gemm_int8.cpp): its quantization, both routes against each other and
-against float arithmetic, output rows, GELU and residual, and the Choices it implies."""
+against float arithmetic, output rows, GELU and residual, a decoder's gated gate/up layer, and the Choices it
+implies."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from torch import nn
 
 from xenc_lab import choices as engine_choices
 from xenc_lab.config import ScorerConfig
-from xenc_lab.cpu.int8 import Int8Linear, int8_kernel_available, quantize_rows, quantize_weight
+from xenc_lab.cpu.int8 import Int8Linear, gated_order, int8_kernel_available, quantize_rows, quantize_weight
 
 needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="the int8 kernel does not run here")
 
@@ -16,6 +17,19 @@ needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="the int8 
 def _layer(n: int, k: int, seed: int = 0) -> nn.Linear:
     torch.manual_seed(seed)
     return nn.Linear(k, n).requires_grad_(False)
+
+
+def test_the_kernel_runs_where_the_cpu_has_int8_dot_products():
+    """The self-check falls back to the torch route on a wrong result: on a CPU with VNNI or AMX-INT8, and a build
+    with the brgemm, that fallback would hide a broken kernel, so it fails here."""
+    from xenc_lab.cpu.info import cpu_info
+    from xenc_lab.cpu.native import available
+
+    if not {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_info().flags:
+        pytest.skip("no int8 dot-product units on this CPU")
+    if not available() or not torch.ops.xenc_lab.int8_gemm_built():
+        pytest.skip("this build has no int8 brgemm")
+    assert int8_kernel_available()
 
 
 def test_weights_are_symmetric_per_output_channel_and_activations_keep_zero_exact():
@@ -90,6 +104,70 @@ def test_config_refuses_int8_off_the_cpu():
     assert ScorerConfig(model="m", quantization="int8").quantization == "int8"
 
 
+@pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gated_layer_computes_silu_of_the_gate_times_the_up_within_their_quantization(route, dtype):
+    n, k = 96, 80  # 192 fused rows: gate rows 0..95, then up rows 96..191
+    layer = _layer(2 * n, k, seed=3)
+    x = torch.randn(50, k).to(dtype)
+    gated, plain = Int8Linear(layer, route, gated=True), Int8Linear(layer, route)
+    assert gated.route == plain.route == route
+    y = gated(x, "silu_mul")
+    assert y.dtype == dtype and y.shape == (50, n)
+    gate, up = plain(x).float().chunk(2, dim=-1)  # the same int8 products, un-gated
+    want = torch.nn.functional.silu(gate) * up
+    # the plain layer rounds gate and up to dtype before silu * up; the gated one rounds once
+    room = 4 * torch.finfo(dtype).eps * (gate.abs() * up.abs() + want.abs() + 1)
+    assert ((y.float() - want).abs() <= room).all()
+    exact_gate, exact_up = (x.double() @ layer.weight.double().t() + layer.bias.double()).chunk(2, dim=-1)
+    exact = torch.nn.functional.silu(exact_gate) * exact_up
+    assert (y.double() - exact).abs().max() <= 0.05 * exact.abs().max()  # int8's error, not a wrong layout's
+
+
+def test_gated_order_puts_each_blocks_gate_rows_before_their_up_rows():
+    order = gated_order(64)
+    assert order[:32].tolist() == list(range(32)) and order[32:64].tolist() == list(range(64, 96))
+    assert sorted(order.tolist()) == list(range(128))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gated_order(48)
+
+
+def test_a_gated_layer_runs_silu_mul_only_and_whole():
+    gated, plain = Int8Linear(_layer(128, 40), "torch", gated=True), Int8Linear(_layer(128, 40), "torch")
+    x = torch.randn(3, 40)
+    for layer, activation in ((gated, "none"), (gated, "gelu"), (plain, "silu_mul")):
+        with pytest.raises(ValueError, match="silu_mul"):
+            layer(x, activation)
+    with pytest.raises(ValueError, match="runs whole"):
+        gated.rows(0, 64)
+
+
+def test_int8_decoders_gate_their_silu_mlps_and_score_as_ungated(monkeypatch):
+    from parity_tests.conftest import model_dir
+
+    from xenc_lab import Scorer
+    from xenc_lab.cpu import int8
+    from xenc_lab.zoo.corpus import corpus
+
+    words = corpus()
+    pairs = [(" ".join(words[i:i + 4]), " ".join(words[i + 5:i + 5 + 9 * (1 + i % 4)])) for i in range(0, 160, 10)]
+    scorer = Scorer(model_dir("qwen3-reranker"), device="cpu", dtype="float32", quantization="int8")
+    mlps = [m for m in scorer.engine.runner.model.modules() if isinstance(getattr(m, "gate_up", None), Int8Linear)]
+    assert mlps and all(m.gate_up.gated for m in mlps)  # float32 keeps the first layer's at float32
+    ours = torch.tensor(scorer.predict(pairs, show_progress_bar=False))
+    monkeypatch.setattr(int8.Int8Linear, "__init__", _ungated(int8.Int8Linear.__init__))
+    ungated = Scorer(model_dir("qwen3-reranker"), device="cpu", dtype="float32", quantization="int8")
+    assert not any(getattr(m, "gated", False) for m in ungated.engine.runner.model.modules())
+    theirs = torch.tensor(ungated.predict(pairs, show_progress_bar=False))
+    assert theirs.std() > 0.1 and (ours - theirs).abs().max() <= 1e-4 * (theirs.max() - theirs.min())
+
+
+def _ungated(init):
+    def plain(self, linear, route=None, gated=False):
+        init(self, linear, route)
+    return plain
+
+
 def test_float32_keeps_the_first_layer_at_dtype_and_bfloat16_quantizes_it(tiny_dir):
     from xenc_lab import Scorer
 
@@ -99,3 +177,16 @@ def test_float32_keeps_the_first_layer_at_dtype_and_bfloat16_quantizes_it(tiny_d
         assert len(stack) >= 2
         assert any(isinstance(m, Int8Linear) for m in stack[0].modules()) is first_in_int8, dtype
         assert any(isinstance(m, Int8Linear) for m in stack[1].modules()), dtype
+
+
+def test_a_compiled_int8_decoder_runs_its_gated_layers_as_the_eager_one():
+    from parity_tests.conftest import model_dir
+
+    from xenc_lab import Scorer
+
+    pairs = [("what is a cache", "a cache keeps " + "results and keys " * (i + 1)) for i in range(12)]
+    eager = Scorer(model_dir("qwen3-reranker"), device="cpu", dtype="bfloat16", quantization="int8")
+    compiled = Scorer(model_dir("qwen3-reranker"), device="cpu", dtype="bfloat16", quantization="int8", compile=True)
+    assert any(getattr(m, "gated", False) for m in compiled.engine.runner.model.modules())
+    a, b = torch.tensor(eager.predict(pairs)), torch.tensor(compiled.predict(pairs))
+    assert a.std() > 0 and (a - b).abs().max() <= 1e-3 * (a.max() - a.min())

@@ -39,12 +39,13 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(M, K) activations -> (M, K) uint8 codes u, (M, 1) float32 scales s and zero points z, per row (token), as the
-    kernel does: x ~ s (u - z) over the row's range [min(x, 0), max(x, 0)] in 255 steps (zero exact)."""
+    kernel does: x ~ s (u - z) over the row's range [min(x, 0), max(x, 0)] in 255 steps (zero exact),
+    u = round(x * (1 / s)) + z."""
     xf = x.float()
     low, high = xf.amin(dim=1, keepdim=True).clamp_(max=0), xf.amax(dim=1, keepdim=True).clamp_(min=0)
     s = ((high - low) / 255).clamp_(min=1e-30)
     z = (-low / s).round_()
-    return (xf / s).round_().add_(z).clamp_(0, 255).to(torch.uint8), s, z
+    return (xf * s.reciprocal()).round_().add_(z).clamp_(0, 255).to(torch.uint8), s, z
 
 
 def int8_blocks(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -64,6 +65,22 @@ def int8_blocks(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None)
     return blocks, correction, scales, biases
 
 
+def gated_order(n: int) -> torch.Tensor:
+    """The row order of a gated layer's fused (2n, K) gate/up weight as ``activation="silu_mul"`` takes it: each
+    block of INT8_COLS rows holds INT8_COLS / 2 gate rows, then the up rows of the same features."""
+    half = INT8_COLS // 2
+    if n % half:
+        raise ValueError(f"a gated int8 layer needs a multiple of {half} features, got {n}")
+    gate = torch.arange(n).view(-1, half)
+    return torch.cat([gate, gate + n], dim=1).reshape(-1)
+
+
+def _silu_mul(y: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a gated layer's (M, 2n) product in ``gated_order``: (M, n)."""
+    blocks = y.view(y.shape[0], -1, 2, INT8_COLS // 2)
+    return (torch.nn.functional.silu(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(y.shape[0], -1)
+
+
 def _torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                        activation: str, residual: torch.Tensor | None) -> torch.Tensor:
     """The torch route: x (M, K) quantized per row, the (K, N) int8 weight_t multiplied by ``torch._int_mm`` (int8 by
@@ -76,6 +93,8 @@ def _torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Ten
         y.add_(bias)
     if activation == "gelu":
         y = torch.nn.functional.gelu(y)
+    elif activation == "silu_mul":
+        y = _silu_mul(y)
     elif residual is not None:
         y.add_(residual.float())
     return y.to(x.dtype)
@@ -115,6 +134,25 @@ def _int8_check() -> bool:
                 logger.info("xenc_lab's int8 GEMM (%s, %s) is off by %.3g here; using torch's int8 ops", dtype,
                             activation, (got - want).abs().max().item())
                 return False
+        # A gated layer (two blocks of columns): silu(gate) * up, within a step of the gate's and the up's products.
+        gate_up = weight[:64].repeat(2, 1)
+        gate_up[64:] = -gate_up[64:].flip(1)
+        gated_q, gated_scale = quantize_weight(gate_up[gated_order(64)])
+        gated_t = gated_q.t().contiguous()
+        want = _torch_linear_int8(xd.float(), gated_t, gated_scale, None, "silu_mul", None)
+        try:
+            got = torch.ops.xenc_lab.linear_int8(xd, *int8_blocks(gated_q, gated_scale, None), 128, "silu_mul",
+                                                 None).float()
+        except RuntimeError as e:
+            logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
+            return False
+        products = _torch_linear_int8(xd.float(), gated_t, gated_scale, None, "none", None).abs()
+        room = 2 * torch.finfo(dtype).eps * (1 + want.abs()) + 2.2 * step[:, :64] * (1 + products.amax(dim=1,
+                                                                                                     keepdim=True))
+        if not ((got - want).abs() - room).max().item() <= 0:
+            logger.info("xenc_lab's int8 GEMM (%s, silu_mul) is off by %.3g here; using torch's int8 ops", dtype,
+                        (got - want).abs().max().item())
+            return False
     return True
 
 
@@ -127,7 +165,7 @@ class Int8Linear(PrepackedLinear):
     module's docstring for the routes. The float weight is not kept (``weight`` is None): resident are the int8
     weight, its per-column scales and corrections, and the bias."""
 
-    def __init__(self, linear: nn.Linear, route: str | None = None):
+    def __init__(self, linear: nn.Linear, route: str | None = None, gated: bool = False):
         nn.Module.__init__(self)
         if route is not None and route not in ROUTES:
             raise ValueError(f"route must be None or one of {', '.join(ROUTES)}, got {route!r}")
@@ -136,8 +174,11 @@ class Int8Linear(PrepackedLinear):
         if self.route == "kernel" and not int8_kernel_available():
             self.route = "torch"
         self.gemm, self.fused, self.gelu_gemm = "int8", True, None
-        q, scale = quantize_weight(linear.weight)
-        bias = None if linear.bias is None else linear.bias.detach().float()
+        # Gated: a fused gate/up layer (gate rows, then up rows) run only as silu(gate) * up, its rows in gated_order.
+        self.gated = gated
+        order = gated_order(self.out_features // 2) if gated else slice(None)
+        q, scale = quantize_weight(linear.weight[order])
+        bias = None if linear.bias is None else linear.bias.detach().float()[order]
         self.weight, self.bias = None, linear.bias
         if self.route == "kernel":
             self.packed, self._correction, self._scale, self._bias = int8_blocks(q, scale, bias)
@@ -158,11 +199,13 @@ class Int8Linear(PrepackedLinear):
         """Output features start:stop; the kernel's blocks are sliced in place where start and stop fall on them."""
         if (start, stop) == (0, self.out_features):
             return self
+        if self.gated:
+            raise ValueError(f"a gated int8 layer runs whole, not as rows {start}:{stop}")
         if (start, stop) not in self._rows:
             part = Int8Linear.__new__(Int8Linear)
             nn.Module.__init__(part)
             part.in_features, part.out_features, part.route = self.in_features, stop - start, self.route
-            part.gemm, part.fused, part.gelu_gemm, part.weight = "int8", True, None, None
+            part.gemm, part.fused, part.gelu_gemm, part.weight, part.gated = "int8", True, None, None, False
             part.bias = None if self.bias is None else self.bias[start:stop]
             part._rows, part.key = {}, self.key
             if self.route == "kernel" and start % INT8_COLS == 0:
@@ -181,6 +224,9 @@ class Int8Linear(PrepackedLinear):
     def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
         if residual is not None and activation != "none":
             raise ValueError(f"a residual is added to the plain product only, not after {activation!r}")
+        if self.gated != (activation == "silu_mul"):
+            raise ValueError("a gated int8 layer runs as silu_mul only, and silu_mul runs on gated layers only; "
+                             f"got activation {activation!r} on a {'gated' if self.gated else 'plain'} layer")
         rows = self._rows_of(x)
         if residual is not None:
             residual = residual.reshape(-1, self.out_features)
@@ -191,10 +237,11 @@ class Int8Linear(PrepackedLinear):
                                                self.out_features, activation, residual)
         else:
             y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual)
-        return y.view(*x.shape[:-1], self.out_features)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.route})"
+        gated = ", gated: silu(gate) * up" if self.gated else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.route}){gated}"
 
 
 class _Columns:
@@ -211,14 +258,18 @@ class _Columns:
 
 def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = ()) -> int:
     """Replace every float nn.Linear of a CPU model by an Int8Linear, but those in ``keep`` (which stay in the model's
-    dtype); returns how many."""
+    dtype); returns how many. A module's ``silu_gated()`` (a decoder MLP's) names its fused gate/up layer where SiLU
+    follows it: that layer is quantized gated, its epilogue computing silu(gate) * up (one pass over the
+    intermediate rather than three)."""
     kept = {id(module) for module in keep}
+    gated = {id(layer) for module in model.modules() if hasattr(module, "silu_gated")
+             for layer in [module.silu_gated()] if layer is not None and layer.out_features % INT8_COLS == 0}
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in kept or type(child) is not nn.Linear or child.weight.device.type != "cpu":
                 continue
-            setattr(parent, name, Int8Linear(child))
+            setattr(parent, name, Int8Linear(child, gated=id(child) in gated))
             count += 1
     return count
 

@@ -165,7 +165,7 @@ def _prepacked_linear(
 
 @_prepacked_linear.register_fake
 def _(x: torch.Tensor, key: int, start: int, stop: int, activation: str, residual: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], stop - start))
+    return x.new_empty((*x.shape[:-1], (stop - start) // (2 if activation == "silu_mul" else 1)))
 
 
 def prepack_linears(model: nn.Module, choices, keep: Iterable[nn.Module] = ()) -> int:

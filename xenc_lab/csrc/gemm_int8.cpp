@@ -1,13 +1,14 @@
-// Linear layers in int8 (quantization="int8"): y = dequant(q(x) q(W)^T) + bias, then exact GELU or + residual.
+// Linear layers in int8 (quantization="int8"): y = dequant(q(x) q(W)^T) + bias, then exact GELU, + residual, or a
+// gated layer's silu(gate) * up.
 // - W is int8, symmetric, one scale per output channel, quantized once at load (xenc_lab/cpu/int8.py).
 // - x is quantized here, per row (token), to unsigned bytes with a zero point, with no calibration: the row's range
-//   [min(x, 0), max(x, 0)] in 255 steps of s, u = round(x / s) + z, z = round(-min / s). A row after a GELU (mostly
-//   positive) keeps all 8 bits this way, not 7 (docs/int8.md measures both).
+//   [min(x, 0), max(x, 0)] in 255 steps of s, u = round(x * (1 / s)) + z, z = round(-min / s). A row after a GELU
+//   (mostly positive) keeps all 8 bits this way, not 7 (docs/int8.md measures both).
 // - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd, AVX-VNNI, AMX-INT8):
 //   the zero point times the column sums sum_k W[n, k] (computed at load) is taken off each int32 sum, which is then
 //   exact: sum_k (u[m, k] - z[m]) W[n, k].
-// - Epilogue on each output tile while it is in cache: sum * s[m] * scale_w[n] + bias[n] in fp32, then GELU
-//   or the residual, rounded once to x's type (float32, bfloat16 or float16).
+// - Epilogue on each row of an output tile while it is in cache, in one pass: sum * (s[m] * scale_w[n]) + bias[n]
+//   in fp32, then GELU or the residual, rounded once to x's type (float32, bfloat16 or float16).
 // W^T is packed once at load as blocks (N / kInt8Cols, K4 / 4, kInt8Cols, 4) of int8 (K4: K rounded up to 4, the
 // VNNI layout: 4 consecutive k of one column side by side), zero-padded. A row's result depends on that row alone.
 
@@ -33,33 +34,109 @@ constexpr int64_t kInt8Rows = 96;  // rows of x per block, quantized once into a
 constexpr int64_t kInt8Cols = 64;  // columns of W^T per block: a 96 x 64 int32 tile, 24 KB, stays in L1
 
 // Quantizes `rows` rows of x (stride x_stride, K columns) into `panel` (rows x K4 bytes, padded with zeros), their
-// scales into `scales` and zero points into `zeros`; `wide` is a float buffer of K. As ``cpu.int8.quantize_rows``.
+// scales into `scales` and zero points into `zero_points`. As ``cpu.int8.quantize_rows``: u = round(x * (1 / s)) + z.
 template <typename T>
 void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_t K4, uint8_t* panel, float* scales,
-                   int32_t* zero_points, float* wide) {
+                   int32_t* zero_points) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = x + r * x_stride;
+    if (r + 1 < rows) {  // the next row, from memory, arrives while this one is quantized
+      const char* next = reinterpret_cast<const char*>(src + x_stride);
+      for (int64_t offset = 0; offset < K * static_cast<int64_t>(sizeof(T)); offset += 64) {
+        __builtin_prefetch(next + offset);
+      }
+    }
     vf largest = zeros(), smallest = zeros();  // zero is in every row's range
     for (int64_t c = 0; c < K; c += 16) {
-      const int64_t n = std::min<int64_t>(16, K - c);
-      const vf v = load_first(src + c, n);  // lanes past K are zero
-      store_first(wide + c, v, n);
+      const vf v = load_first(src + c, std::min<int64_t>(16, K - c));  // lanes past K are zero
       largest = vmax(largest, v);
-      smallest = vmax(smallest, splat(0.f) - v);
+      smallest = vmin(smallest, v);
     }
-    const float low = -reduce_max(smallest), high = reduce_max(largest);
-    const float s = std::max((high - low) / 255.f, 1e-30f);
+    const float low = reduce_min(smallest), high = reduce_max(largest);
+    const float s = std::max((high - low) / 255.f, 1e-30f), inverse = 1.f / s;
     const float z = std::nearbyint(-low / s);
     scales[r] = s;
     zero_points[r] = static_cast<int32_t>(z);
     uint8_t* out = panel + r * K4;
-    for (int64_t c = 0; c < K; ++c) {  // round to nearest even, as torch's round (vectorized by the compiler)
-      out[c] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(wide[c] / s) + z, 0.f), 255.f));
+#if XENC_AVX512
+    // Rounded to nearest even (the default rounding mode, as torch's round), the zero point added, clamped to
+    // [0, 255]: below by a max, above by the unsigned saturating narrowing.
+    const __m512i zero_point = _mm512_set1_epi32(static_cast<int32_t>(z));
+    for (int64_t c = 0; c < K; c += 16) {
+      const int64_t n = std::min<int64_t>(16, K - c);
+      const vf v = load_first(src + c, n);
+      const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(v * splat(inverse)), zero_point);
+      _mm512_mask_cvtusepi32_storeu_epi8(out + c, first_lanes(n), _mm512_max_epi32(u, _mm512_setzero_si512()));
     }
-    for (int64_t c = K; c < K4; ++c) {
+#else
+    for (int64_t c = 0; c < K; ++c) {  // round to nearest even, as torch's round
+      const float v = static_cast<float>(src[c]);
+      out[c] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(v * inverse) + z, 0.f), 255.f));
+    }
+#endif
+    for (int64_t c = K; c < K4; ++c) {  // padding, against the weights' zero padding
       out[c] = 0;
     }
   }
+}
+
+// x * sigmoid(x), with exp(-|x|) <= 1 (no overflow): sigmoid is 1 / (1 + e) for x >= 0 and e / (1 + e) below.
+#if XENC_AVX512
+XENC_INLINE vf silu(vf x) {
+  const vf e = exp2_nonpositive(vandnot(splat(-0.f), x) * splat(-1.4426950408889634f));
+  const vf top = _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, splat(0.f), _CMP_LT_OQ), x, e);
+  return _mm512_div_ps(top, splat(1.f) + e);
+}
+#endif
+
+// The epilogue of one output row of a tile: the exact int32 sums less the zero point times the column sums, one
+// fp32 scale each, the bias, then GELU or the residual; `cols` columns rounded to T. Gated (a gate/up layer packed
+// with each tile's 32 gate columns before their 32 up columns): silu(gate) * up, 32 columns to `out`.
+template <typename T>
+XENC_INLINE void finish_row(const int32_t* acc, int32_t z, const int32_t* sums, float x_scale, const float* w_scale,
+                            const float* bias, bool gelu, bool gated, const T* res, int64_t cols, T* out) {
+#if XENC_AVX512
+  const __m512i zero_point = _mm512_set1_epi32(z);
+  const auto value = [&](int64_t c) {
+    const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(acc + c),
+                                           _mm512_mullo_epi32(zero_point, _mm512_loadu_si512(sums + c)));
+    return fma(_mm512_cvtepi32_ps(exact), splat(x_scale) * loadu(w_scale + c), loadu(bias + c));
+  };
+  if (gated) {
+    for (int64_t c = 0; c < kInt8Cols / 2; c += 16) {
+      store_first(out + c, silu(value(c)) * value(c + kInt8Cols / 2), 16);
+    }
+    return;
+  }
+  const auto column = [&](int64_t c, int64_t n) {
+    store_first(out + c, finish(value(c), gelu, res ? res + c : nullptr, n), n);
+  };
+  if (cols == kInt8Cols) {  // a whole tile, unrolled
+    for (int64_t c = 0; c < kInt8Cols; c += 16) {
+      column(c, 16);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < cols; c += 16) {
+    column(c, std::min<int64_t>(16, cols - c));
+  }
+#else
+  alignas(64) float row[kInt8Cols];
+  for (int64_t c = 0; c < kInt8Cols; ++c) {  // vectorized by the compiler
+    row[c] = static_cast<float>(acc[c] - z * sums[c]) * (x_scale * w_scale[c]) + bias[c];
+  }
+  if (gated) {
+    for (int64_t c = 0; c < kInt8Cols / 2; ++c) {
+      const float g = row[c];
+      out[c] = static_cast<T>(g / (1.f + std::exp(-g)) * row[c + kInt8Cols / 2]);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < cols; c += 16) {
+    const int64_t n = std::min<int64_t>(16, cols - c);
+    store_first(out + c, finish(load(row + c), gelu, res ? res + c : nullptr, n), n);
+  }
+#endif
 }
 
 template <typename T>
@@ -84,20 +161,25 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   TORCH_CHECK(correction.scalar_type() == at::kInt && weight_scale.scalar_type() == at::kFloat &&
                   bias.scalar_type() == at::kFloat,
               "linear_int8 takes an int32 correction and float32 scales and bias");
-  const bool gelu = activation == "gelu";
-  TORCH_CHECK(gelu || activation == "none", "linear_int8's activation is \"none\" or \"gelu\", got ", activation);
+  const bool gelu = activation == "gelu", gated = activation == "silu_mul";
+  TORCH_CHECK(gelu || gated || activation == "none",
+              "linear_int8's activation is \"none\", \"gelu\" or \"silu_mul\", got ", activation);
+  TORCH_CHECK(!gated || (N % kInt8Cols == 0 && !residual.has_value()),
+              "linear_int8's silu_mul takes a gate/up layer of whole ", kInt8Cols, "-column blocks and no residual, got ",
+              N, " columns");
+  const int64_t width_out = gated ? N / 2 : N;  // columns of y
   const T* res = nullptr;
   int64_t res_stride = 0;
   if (residual.has_value()) {
     const at::Tensor& r = *residual;
-    TORCH_CHECK(!gelu, "linear_int8 adds a residual to the plain product only");
+    TORCH_CHECK(!gelu && !gated, "linear_int8 adds a residual to the plain product only");
     TORCH_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == dtype &&
                     (N <= 1 || r.stride(1) == 1),
                 "linear_int8's residual must be a ", dtype, " (", M, ", ", N, ") tensor with contiguous columns");
     res = r.const_data_ptr<T>();
     res_stride = r.stride(0);
   }
-  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor y = at::empty({M, width_out}, x.options());
   if (M == 0) {
     return y;
   }
@@ -111,40 +193,33 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   // Blocks in row-major order, so that a thread's consecutive blocks share rows of x (quantized once).
   at::parallel_for(0, mblk * nblk, 1, [&](int64_t begin, int64_t end) {
     Scratch panel(kInt8Rows * K4);
-    Scratch wide(K4 * static_cast<int64_t>(sizeof(float)));
     Scratch tile(kInt8Rows * kInt8Cols * static_cast<int64_t>(sizeof(int32_t)));
-    Scratch row(kInt8Cols * static_cast<int64_t>(sizeof(float)));
     float scales[kInt8Rows];
     int32_t zero_points[kInt8Rows];
     int32_t* C = tile.as<int32_t>();
-    float* F = row.as<float>();
     int64_t quantized = -1;
     for (int64_t b = begin; b < end; ++b) {
       const int64_t mi = b / nblk, ni = b % nblk, m0 = mi * kInt8Rows, n0 = ni * kInt8Cols;
       const int64_t rows = std::min(kInt8Rows, M - m0);
       if (mi != quantized) {
-        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, panel.as<uint8_t>(), scales, zero_points,
-                      wide.as<float>());
+        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, panel.as<uint8_t>(), scales, zero_points);
         quantized = mi;
+      }
+      const int64_t cols = std::min(kInt8Cols, N - n0);
+      if (res) {  // the tile's residual, read from memory, arrives while the products run
+        for (int64_t r = 0; r < rows; ++r) {
+          const char* line = reinterpret_cast<const char*>(res + (m0 + r) * res_stride + n0);
+          for (int64_t offset = 0; offset < cols * static_cast<int64_t>(sizeof(T)); offset += 64) {
+            __builtin_prefetch(line + offset);
+          }
+        }
       }
       at::native::cpublas::brgemm(rows, kInt8Cols, K4, K4, kInt8Cols, kInt8Cols, false, panel.as<uint8_t>(),
                                   W + ni * K4 * kInt8Cols, C, true);
-      const int64_t cols = std::min(kInt8Cols, N - n0);
-      const int32_t* s = S + n0;
-      const float* ws = WS + n0;
       for (int64_t r = 0; r < rows; ++r) {
-        const int32_t* acc = C + r * kInt8Cols;
-        const float xs = scales[r];
-        const int32_t z = zero_points[r];
-        for (int64_t c = 0; c < kInt8Cols; ++c) {  // exact int32 sums, then one fp32 scale each (vectorized)
-          F[c] = static_cast<float>(acc[c] - z * s[c]) * (xs * ws[c]);
-        }
-        T* out = Y + (m0 + r) * N + n0;
-        for (int64_t c = 0; c < cols; c += 16) {
-          const int64_t n = std::min<int64_t>(16, cols - c);
-          const vf v = load(F + c) + loadu(B + n0 + c);
-          store_first(out + c, finish(v, gelu, res ? res + (m0 + r) * res_stride + n0 + c : nullptr, n), n);
-        }
+        T* out = Y + (m0 + r) * width_out + (gated ? n0 / 2 : n0);
+        finish_row(C + r * kInt8Cols, zero_points[r], S + n0, scales[r], WS + n0, B + n0, gelu, gated,
+                   res ? res + (m0 + r) * res_stride + n0 : nullptr, cols, out);
       }
     }
     at::native::cpublas::brgemm_release(true);

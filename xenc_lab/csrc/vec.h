@@ -89,11 +89,13 @@ XENC_INLINE void store(float* p, vf x) { _mm512_store_ps(p, x); }  // p 64-byte 
 XENC_INLINE vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 XENC_INLINE vf fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
 XENC_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+XENC_INLINE vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 XENC_INLINE vf vand(vf a, vf b) { return _mm512_and_ps(a, b); }
 XENC_INLINE vf vandnot(vf a, vf b) { return _mm512_andnot_ps(a, b); }  // ~a & b
 XENC_INLINE vf vor(vf a, vf b) { return _mm512_or_ps(a, b); }
 XENC_INLINE vf recip_estimate(vf d) { return _mm512_rcp14_ps(d); }  // 1 / d to 14 bits
 XENC_INLINE float reduce_max(vf x) { return _mm512_reduce_max_ps(x); }
+XENC_INLINE float reduce_min(vf x) { return _mm512_reduce_min_ps(x); }
 XENC_INLINE float reduce_add(vf x) { return _mm512_reduce_add_ps(x); }
 XENC_INLINE vf keep_lanes(vf x, uint32_t mask, float fill) {  // x on the lanes of mask, fill elsewhere
   return _mm512_mask_mov_ps(_mm512_set1_ps(fill), static_cast<__mmask16>(mask), x);
@@ -230,6 +232,7 @@ XENC_INLINE nf broadcast(float x) {  // spelled out: GCC builds a vector filled 
 XENC_INLINE vf splat(float x) { XENC_PARTWISE(broadcast(x)); }
 XENC_INLINE nf select(ni mask, nf a, nf b) { return (nf)(((ni)a & mask) | ((ni)b & ~mask)); }
 XENC_INLINE vf vmax(vf a, vf b) { XENC_PARTWISE(select(a.part[i] > b.part[i], a.part[i], b.part[i])); }
+XENC_INLINE vf vmin(vf a, vf b) { XENC_PARTWISE(select(a.part[i] < b.part[i], a.part[i], b.part[i])); }
 XENC_INLINE vf keep_lanes(vf x, uint32_t mask, float fill) {
   ni lane;
   for (int l = 0; l < kLanes; ++l) lane[l] = l;
@@ -241,6 +244,12 @@ XENC_INLINE float reduce_max(vf x) {
   float r = x.part[0][0];
   for (int i = 0; i < kParts; ++i)
     for (int l = 0; l < kLanes; ++l) r = std::max(r, x.part[i][l]);
+  return r;
+}
+XENC_INLINE float reduce_min(vf x) {
+  float r = x.part[0][0];
+  for (int i = 0; i < kParts; ++i)
+    for (int l = 0; l < kLanes; ++l) r = std::min(r, x.part[i][l]);
   return r;
 }
 XENC_INLINE float reduce_add(vf x) {

@@ -152,13 +152,20 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, n, bias=flags.mlp_bias)
         self.down_proj = nn.Linear(n, d, bias=flags.mlp_bias)
         self.act = ACT2FN[config.hidden_act]
+        self.silu = config.hidden_act in ("silu", "swish")
 
     def fuse(self) -> None:
         self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
+    def silu_gated(self) -> nn.Module | None:
+        """The fused gate/up layer where SiLU follows it: int8 quantizes it gated (``cpu.int8.quantize_linears``)."""
+        return self.gate_up if self.silu and isinstance(self.gate_up, nn.Linear) else None
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + down(act(gate(x)) * up(x)) (``plus``)."""
+        """residual + down(act(gate(x)) * up(x)) (``plus``); a gated layer computes act(gate) * up itself."""
+        if getattr(self.gate_up, "gated", False):
+            return plus(self.down_proj, self.gate_up(x, "silu_mul"), residual)
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return plus(self.down_proj, self.act(gate).mul_(up), residual)
 
