@@ -43,8 +43,10 @@ QUERIES, PASSAGES = {REAL: 12}, 40
 DTYPES = ["float32"] + (["bfloat16"] if native_half_units("bfloat16") else [])
 # Bounds per model kind (the trained reranker's per dtype): mean Spearman, min Spearman, mean Kendall, mean top-10 overlap, max |delta| / spread.
 BOUNDS = {
-    "trained float32": (0.988, 0.93, 0.94, 0.95, 0.30),  # the goals' top-10 overlap (>= 0.95) asserted here
+    # float32 rotates the int8 layers' inputs (cpu/int8.py): the goals (mean Spearman >= 0.99, top-10 >= 0.95) asserted
+    "trained float32": (0.99, 0.95, 0.96, 0.97, 0.25),
     "trained bfloat16": (0.982, 0.92, 0.93, 0.94, 0.45),
+    "real float32": (0.995, 0.99, 0.96, 0.95, 0.10),
     "real": (0.985, 0.975, 0.90, 0.88, 0.15),
     "tiny": (0.93, 0.85, 0.78, 0.75, 0.50),
 }
@@ -94,7 +96,7 @@ def test_int8_encoder_ranks_query_lists_as_sentence_transformers_fp32_within_the
     assert any(isinstance(m, Int8Linear) for m in scorer.engine.runner.model.modules())
     ours = np.asarray(scorer.predict([p for lst in lists for p in lst]), dtype=np.float64).reshape(theirs.shape)
     assert np.isfinite(ours).all() and theirs.std() > 0
-    check(fidelity(ours, theirs), "real" if arch == REAL else "tiny")
+    check(fidelity(ours, theirs), ("real float32" if dtype == "float32" else "real") if arch == REAL else "tiny")
 
 
 # The trained reranker (zoo.trained_reranker: MiniLM-L6 fine-tuned on the docs collection's training split, 64-token

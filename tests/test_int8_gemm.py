@@ -9,7 +9,15 @@ from torch import nn
 
 from xenc_lab import choices as engine_choices
 from xenc_lab.config import ScorerConfig
-from xenc_lab.cpu.int8 import Int8Linear, gated_order, int8_kernel_available, quantize_rows, quantize_weight
+from xenc_lab.cpu.int8 import (
+    ROTATION,
+    Int8Linear,
+    gated_order,
+    hadamard_rows,
+    int8_kernel_available,
+    quantize_rows,
+    quantize_weight,
+)
 
 needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="the int8 kernel does not run here")
 
@@ -163,20 +171,50 @@ def test_int8_decoders_gate_their_silu_mlps_and_score_as_ungated(monkeypatch):
 
 
 def _ungated(init):
-    def plain(self, linear, route=None, gated=False):
-        init(self, linear, route)
+    def plain(self, linear, route=None, gated=False, rotate=False):
+        init(self, linear, route, rotate=rotate)
     return plain
 
 
-def test_float32_keeps_the_first_layer_at_dtype_and_bfloat16_quantizes_it(tiny_dir):
+def test_float32_rotates_every_int8_layer_and_bfloat16_none_and_only_per_pair_layers_stay_at_dtype():
     from xenc_lab import Scorer
+    from xenc_lab.zoo import minilm_cross_encoder
 
-    for dtype, first_in_int8 in (("float32", False), ("bfloat16", True)):
-        model = Scorer(tiny_dir, device="cpu", dtype=dtype, quantization="int8").engine.runner.model
+    for dtype, rotation in (("float32", ROTATION), ("bfloat16", 0)):
+        model = Scorer(minilm_cross_encoder(), device="cpu", dtype=dtype, quantization="int8").engine.runner.model
+        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+        assert layers and {m.rotation for m in layers} == {rotation}, dtype
         stack = next(m for m in model.modules() if isinstance(m, nn.ModuleList))
-        assert len(stack) >= 2
-        assert any(isinstance(m, Int8Linear) for m in stack[0].modules()) is first_in_int8, dtype
-        assert any(isinstance(m, Int8Linear) for m in stack[1].modules()), dtype
+        assert any(isinstance(m, Int8Linear) for m in stack[0].modules()), dtype
+        kept = {id(m) for m in model.per_pair_linears()}
+        assert all(isinstance(m, Int8Linear) or id(m) in kept for m in model.modules() if type(m) is nn.Linear)
+
+
+def test_hadamard_rows_multiply_each_block_by_the_sylvester_matrix():
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < ROTATION:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    x = torch.randn(5, 3 * ROTATION)
+    want = (x.double().view(5, 3, ROTATION) @ h).view(5, -1)
+    assert torch.allclose(hadamard_rows(x).double(), want, rtol=0, atol=1e-4)
+    assert torch.allclose(hadamard_rows(hadamard_rows(x)), ROTATION * x, rtol=1e-5, atol=1e-4)  # H H = 128 I
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotated_the_kernel_and_the_torch_route_agree_and_stay_within_int8s_error(dtype):
+    layer = _layer(150, 2 * ROTATION, seed=4)
+    kernel, fallback = Int8Linear(layer, "kernel", rotate=True), Int8Linear(layer, "torch", rotate=True)
+    assert kernel.rotation == fallback.rotation == ROTATION and "rotated" in repr(kernel)
+    x, residual = torch.randn(70, 2 * ROTATION).to(dtype), torch.randn(70, 150).to(dtype)
+    exact = x.double() @ layer.weight.double().t() + layer.bias.double()
+    for args in ({"activation": "gelu"}, {"residual": residual}, {}):
+        a, b = kernel(x, **args).float(), fallback(x, **args).float()
+        # the same rotation and codes, bit for bit: only the epilogue's roundings differ
+        assert ((a - b).abs() <= 4 * torch.finfo(dtype).eps * (1 + b.abs() + residual.float().abs())).all(), args
+    y = kernel(x).double()
+    assert (y - exact).abs().max() <= 0.02 * exact.abs().max()  # int8's error, not a wrong rotation's
+    assert Int8Linear(_layer(150, 200), "kernel", rotate=True).rotation == 0  # K not a multiple of ROTATION
 
 
 def test_a_compiled_int8_decoder_runs_its_gated_layers_as_the_eager_one():

@@ -14,7 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from . import choices as engine_choices
 from .choices import Choices
 from .cpu.heap import keep_freed_batches
-from .cpu.int8 import kept_in_dtype, quantize_linears
+from .cpu.int8 import kept_in_dtype, quantize_linears, rotates
 from .cpu.norm import row_layer_norms
 from .cpu.prepacked import prepack_linears
 from .models import ARCHITECTURES, PackedModel
@@ -47,9 +47,10 @@ def resolve(model_name_or_path: str | os.PathLike) -> Path:
         except Exception as err:  # noqa: BLE001 (not found, no network, not a valid id: each is reported alike)
             error = error or err
     offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
+    reason = " ".join(str(error).split())  # one line: the hub's messages span several
     raise ValueError(
         f"{str(model_name_or_path)!r} is neither a local model directory nor a hub id that could be "
-        f"downloaded{offline} or found in the huggingface_hub cache ({type(error).__name__}: {error}). To load a "
+        f"downloaded{offline} or found in the huggingface_hub cache ({type(error).__name__}: {reason}). To load a "
         "model without the hub, pass the path of its directory (config.json, model.safetensors and the tokenizer's "
         "files), e.g. one saved by CrossEncoder.save_pretrained or fetched once with huggingface_hub.snapshot_download"
     ) from error
@@ -176,7 +177,7 @@ def load_model(
     if device.type == "cpu":
         keep_freed_batches()
         if quantization == "int8":
-            quantize_linears(model, keep=kept_in_dtype(model, dtype))
+            quantize_linears(model, keep=kept_in_dtype(model), rotate=rotates(dtype))
         prepack_linears(model, choices, keep=model.per_pair_linears() if dtype == torch.float32 else ())
         row_layer_norms(model)
     return model, choices

@@ -1,6 +1,8 @@
 """int8 linear layers on the CPU (``quantization="int8"``): weights int8 per output channel, symmetric, quantized
 once at load; activations int8 per token, quantized on the fly (dynamic, no calibration); int32 sums; the scales,
-the bias, the GELU or the residual applied in float32 and rounded once to the model's dtype.
+the bias, the GELU or the residual applied in float32 and rounded once to the model's dtype. In float32, each block
+of 128 input features is rotated by a Hadamard matrix first, the weights at load and the activations on the fly
+(``hadamard_rows``): the product is unchanged, and a token's outlier features no longer set its quantization step.
 
 Two routes, the first that runs here (docs/int8.md has the measurements behind them):
 
@@ -24,7 +26,29 @@ from .prepacked import PrepackedLinear
 logger = logging.getLogger("xenc_lab")
 
 INT8_COLS = 64  # columns of W^T per packed block (kInt8Cols in the C++ source)
+ROTATION = 128  # input features per Hadamard block (kRotation in the C++ source)
 ROUTES = ("kernel", "torch")
+
+
+def hadamard_rows(x: torch.Tensor) -> torch.Tensor:
+    """(M, K) float32 rows, K a multiple of ROTATION, each block of ROTATION columns times the Sylvester Hadamard
+    matrix of that order (entries +-1): the butterflies of strides 1, 2, ..., 64 in that order, each (a, b) ->
+    (a + b, a - b), as the kernel computes them (bit for bit)."""
+    y = x.reshape(-1, ROTATION)
+    stride = 1
+    while stride < ROTATION:
+        pairs = y.view(-1, ROTATION // (2 * stride), 2, stride)
+        a, b = pairs[:, :, 0], pairs[:, :, 1]
+        y = torch.stack((a + b, a - b), dim=2).view(-1, ROTATION)
+        stride *= 2
+    return y.view(x.shape)
+
+
+def rotates(dtype: torch.dtype) -> bool:
+    """Whether int8 layers rotate their inputs at ``dtype`` (docs/int8.md measures both): in float32, where it brings
+    the ranks within the goals with every layer in int8; not in bfloat16, whose own rounding bounds the ranks as
+    much and where the rotation's time counts against int8's speed."""
+    return dtype == torch.float32
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,10 +106,11 @@ def _silu_mul(y: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                       activation: str, residual: torch.Tensor | None) -> torch.Tensor:
-    """The torch route: x (M, K) quantized per row, the (K, N) int8 weight_t multiplied by ``torch._int_mm`` (int8 by
-    int8: the codes less 128, the zero points less 128 times the column sums taken off)."""
-    u, x_scale, z = quantize_rows(x)
+                       activation: str, residual: torch.Tensor | None, rotation: int = 0) -> torch.Tensor:
+    """The torch route: x (M, K) rotated (where ``rotation``) and quantized per row, the (K, N) int8 weight_t
+    multiplied by ``torch._int_mm`` (int8 by int8: the codes less 128, the zero points less 128 times the column sums
+    taken off)."""
+    u, x_scale, z = quantize_rows(hadamard_rows(x.float()) if rotation else x)
     q = (u.to(torch.int16) - 128).to(torch.int8)
     sums = (torch._int_mm(q, weight_t) - (z.int() - 128) * weight_t.sum(dim=0, dtype=torch.int32)).float()
     y = sums.mul_(x_scale).mul_(scale)
@@ -113,6 +138,7 @@ def int8_kernel_available() -> bool:
 def _int8_check() -> bool:
     g = torch.Generator().manual_seed(0)
     x, weight, bias, residual = (torch.randn(*shape, generator=g) for shape in ((100, 74), (80, 74), (80,), (100, 80)))
+    wide_x, wide_weight = torch.randn(100, 2 * ROTATION, generator=g), torch.randn(80, 2 * ROTATION, generator=g)
     q, scale = quantize_weight(weight)
     packed = int8_blocks(q, scale, bias)
     weight_t = q.t().contiguous()
@@ -153,6 +179,24 @@ def _int8_check() -> bool:
             logger.info("xenc_lab's int8 GEMM (%s, silu_mul) is off by %.3g here; using torch's int8 ops", dtype,
                         (got - want).abs().max().item())
             return False
+        # Rotated inputs (two Hadamard blocks), with a residual: the same rotation and codes as torch's, bit for bit.
+        wide = wide_x.to(dtype)
+        rotated_q, rotated_scale = quantize_weight(hadamard_rows(wide_weight))
+        rotated_scale = rotated_scale / ROTATION
+        want = _torch_linear_int8(wide.float(), rotated_q.t().contiguous(), rotated_scale, bias, "none",
+                                  rd.float(), ROTATION)
+        try:
+            got = torch.ops.xenc_lab.linear_int8(wide, *int8_blocks(rotated_q, rotated_scale, bias), 80, "none", rd,
+                                                 ROTATION).float()
+        except RuntimeError as e:
+            logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
+            return False
+        # the same int32 sums; the epilogues round in another order: a few roundings of the sum before the residual
+        room = 4 * torch.finfo(dtype).eps * (1 + want.abs() + rd.float().abs())
+        if not ((got - want).abs() - room).max().item() <= 0:
+            logger.info("xenc_lab's int8 GEMM (%s, rotated) is off by %.3g here; using torch's int8 ops", dtype,
+                        (got - want).abs().max().item())
+            return False
     return True
 
 
@@ -165,7 +209,7 @@ class Int8Linear(PrepackedLinear):
     module's docstring for the routes. The float weight is not kept (``weight`` is None): resident are the int8
     weight, its per-column scales and corrections, and the bias."""
 
-    def __init__(self, linear: nn.Linear, route: str | None = None, gated: bool = False):
+    def __init__(self, linear: nn.Linear, route: str | None = None, gated: bool = False, rotate: bool = False):
         nn.Module.__init__(self)
         if route is not None and route not in ROUTES:
             raise ValueError(f"route must be None or one of {', '.join(ROUTES)}, got {route!r}")
@@ -176,8 +220,13 @@ class Int8Linear(PrepackedLinear):
         self.gemm, self.fused, self.gelu_gemm = "int8", True, None
         # Gated: a fused gate/up layer (gate rows, then up rows) run only as silu(gate) * up, its rows in gated_order.
         self.gated = gated
+        # Rotated: each ROTATION input features by a Hadamard block, the weight here and x in the GEMM (its sums are
+        # ROTATION times the product: the scales take the 1 / ROTATION, a power of two).
+        self.rotation = ROTATION if rotate and self.in_features % ROTATION == 0 else 0
         order = gated_order(self.out_features // 2) if gated else slice(None)
-        q, scale = quantize_weight(linear.weight[order])
+        weight = linear.weight.detach().float()[order]
+        q, scale = quantize_weight(hadamard_rows(weight) if self.rotation else weight)
+        scale = scale / ROTATION if self.rotation else scale
         bias = None if linear.bias is None else linear.bias.detach().float()[order]
         self.weight, self.bias = None, linear.bias
         if self.route == "kernel":
@@ -206,6 +255,7 @@ class Int8Linear(PrepackedLinear):
             nn.Module.__init__(part)
             part.in_features, part.out_features, part.route = self.in_features, stop - start, self.route
             part.gemm, part.fused, part.gelu_gemm, part.weight, part.gated = "int8", True, None, None, False
+            part.rotation = self.rotation
             part.bias = None if self.bias is None else self.bias[start:stop]
             part._rows, part.key = {}, self.key
             if self.route == "kernel" and start % INT8_COLS == 0:
@@ -234,14 +284,15 @@ class Int8Linear(PrepackedLinear):
                 residual = residual.contiguous()
         if self.route == "kernel":
             y = torch.ops.xenc_lab.linear_int8(rows, self.packed, self._correction, self._scale, self._bias,
-                                               self.out_features, activation, residual)
+                                               self.out_features, activation, residual, self.rotation)
         else:
-            y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual)
+            y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual, self.rotation)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
         gated = ", gated: silu(gate) * up" if self.gated else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.route}){gated}"
+        rotated = f", inputs rotated by {self.rotation}" if self.rotation else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.route}){gated}{rotated}"
 
 
 class _Columns:
@@ -256,9 +307,9 @@ class _Columns:
         return self.layer._gemm(x, activation)[..., self.start:self.stop]
 
 
-def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = ()) -> int:
+def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = (), rotate: bool = False) -> int:
     """Replace every float nn.Linear of a CPU model by an Int8Linear, but those in ``keep`` (which stay in the model's
-    dtype); returns how many. A module's ``silu_gated()`` (a decoder MLP's) names its fused gate/up layer where SiLU
+    dtype), rotating their inputs where ``rotate``; returns how many. A module's ``silu_gated()`` (a decoder MLP's) names its fused gate/up layer where SiLU
     follows it: that layer is quantized gated, its epilogue computing silu(gate) * up (one pass over the
     intermediate rather than three)."""
     kept = {id(module) for module in keep}
@@ -269,24 +320,15 @@ def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = ()) -> int:
         for name, child in list(parent.named_children()):
             if id(child) in kept or type(child) is not nn.Linear or child.weight.device.type != "cpu":
                 continue
-            setattr(parent, name, Int8Linear(child, gated=id(child) in gated))
+            setattr(parent, name, Int8Linear(child, gated=id(child) in gated, rotate=rotate))
             count += 1
     return count
 
 
-def first_layer_linears(model: nn.Module) -> list[nn.Module]:
-    """The linears of a model's first layer: element 0 of its first ModuleList, which in every model here is its
-    stack of encoder or decoder layers (none if it has none)."""
-    stack = next((m for m in model.modules() if isinstance(m, nn.ModuleList)), None)
-    return [] if not stack else [m for m in stack[0].modules() if type(m) is nn.Linear]
-
-
-def kept_in_dtype(model: nn.Module, dtype: torch.dtype) -> list[nn.Module]:
-    """The linears ``quantization="int8"`` leaves at ``dtype`` (docs/int8.md has the measurements behind the choice):
-    the per-pair linears (one row per pair: quantizing them puts rounding straight onto the score), and in float32
-    the first layer too (on a trained reranker's real query lists it brings the ranks against fp32 within the goals;
-    in bfloat16, whose own rounding costs as much, it brought nothing measurable)."""
-    return list(model.per_pair_linears()) + (first_layer_linears(model) if dtype == torch.float32 else [])
+def kept_in_dtype(model: nn.Module) -> list[nn.Module]:
+    """The linears ``quantization="int8"`` leaves at the model's dtype: the per-pair linears (one row per pair:
+    quantizing them puts rounding straight onto the score). docs/int8.md has the measurements behind the choice."""
+    return list(model.per_pair_linears())
 
 
 def int8_bytes(model: nn.Module) -> tuple[int, int]:

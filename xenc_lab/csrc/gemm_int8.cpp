@@ -33,11 +33,62 @@ namespace {
 constexpr int64_t kInt8Rows = 96;  // rows of x per block, quantized once into a u8 panel that stays in L2
 constexpr int64_t kInt8Cols = 64;  // columns of W^T per block: a 96 x 64 int32 tile, 24 KB, stays in L1
 
-// Quantizes `rows` rows of x (stride x_stride, K columns) into `panel` (rows x K4 bytes, padded with zeros), their
-// scales into `scales` and zero points into `zero_points`. As ``cpu.int8.quantize_rows``: u = round(x * (1 / s)) + z.
+// The rotation of x's rows (``rotation`` = kRotation): each block of kRotation columns times the Sylvester Hadamard
+// matrix of that order (entries +-1), by the butterflies of strides 1, 2, ..., 64 in that order, each (a, b) ->
+// (a + b, a - b) rounded in fp32, as ``cpu.int8.hadamard_rows``. The weights' rows were rotated alike at load, so
+// the products are 128 times x W^T (the 1 / 128 is in the weight scales): the rotation spreads a row's outlier
+// columns over the block, and the per-row step of the quantization shrinks with the range.
+constexpr int64_t kRotation = 128;
+
+#if XENC_AVX512
+template <int kStride>
+XENC_INLINE vf butterfly_in_register(vf v) {  // strides 1, 2, 4, 8 among a register's 16 lanes
+  vf partner;
+  __mmask16 second;
+  if constexpr (kStride == 1) {
+    partner = _mm512_permute_ps(v, 0xB1), second = 0xAAAA;
+  } else if constexpr (kStride == 2) {
+    partner = _mm512_permute_ps(v, 0x4E), second = 0xCCCC;
+  } else if constexpr (kStride == 4) {
+    partner = _mm512_shuffle_f32x4(v, v, 0xB1), second = 0xF0F0;
+  } else {
+    partner = _mm512_shuffle_f32x4(v, v, 0x4E), second = 0xFF00;
+  }
+  return _mm512_mask_sub_ps(v + partner, second, partner, v);  // a + b first, a - b second
+}
+
+XENC_INLINE void hadamard_block(vf v[8]) {
+  for (int i = 0; i < 8; ++i) {
+    v[i] = butterfly_in_register<8>(butterfly_in_register<4>(butterfly_in_register<2>(butterfly_in_register<1>(v[i]))));
+  }
+  for (int stride = 1; stride < 8; stride *= 2) {  // strides 16, 32, 64: between registers
+    for (int i = 0; i < 8; ++i) {
+      if (!(i & stride)) {
+        const vf a = v[i], b = v[i + stride];
+        v[i] = a + b, v[i + stride] = a - b;
+      }
+    }
+  }
+}
+#else
+inline void hadamard_block(float* w) {
+  for (int64_t stride = 1; stride < kRotation; stride *= 2) {
+    for (int64_t i = 0; i < kRotation; ++i) {
+      if (!(i & stride)) {
+        const float a = w[i], b = w[i + stride];
+        w[i] = a + b, w[i + stride] = a - b;
+      }
+    }
+  }
+}
+#endif
+
+// Quantizes `rows` rows of x (stride x_stride, K columns), rotated first where `rotate` (K a multiple of
+// kRotation), into `panel` (rows x K4 bytes, padded with zeros), their scales into `scales` and zero points into
+// `zero_points`; `wide` is a float buffer of K4. As ``cpu.int8.quantize_rows``: u = round(x * (1 / s)) + z.
 template <typename T>
-void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_t K4, uint8_t* panel, float* scales,
-                   int32_t* zero_points) {
+void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_t K4, bool rotate, uint8_t* panel,
+                   float* scales, int32_t* zero_points, float* wide) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = x + r * x_stride;
     if (r + 1 < rows) {  // the next row, from memory, arrives while this one is quantized
@@ -47,11 +98,40 @@ void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_
       }
     }
     vf largest = zeros(), smallest = zeros();  // zero is in every row's range
+#if XENC_AVX512
+    if (rotate) {
+      for (int64_t b = 0; b < K; b += kRotation) {
+        vf v[8];
+        for (int i = 0; i < 8; ++i) {
+          v[i] = load_first(src + b + 16 * i, 16);
+        }
+        hadamard_block(v);
+        for (int i = 0; i < 8; ++i) {
+          store(wide + b + 16 * i, v[i]);
+          largest = vmax(largest, v[i]);
+          smallest = vmin(smallest, v[i]);
+        }
+      }
+    } else {
+      for (int64_t c = 0; c < K; c += 16) {
+        const vf v = load_first(src + c, std::min<int64_t>(16, K - c));  // lanes past K are zero
+        largest = vmax(largest, v);
+        smallest = vmin(smallest, v);
+      }
+    }
+#else
+    for (int64_t c = 0; c < K; ++c) {
+      wide[c] = static_cast<float>(src[c]);
+    }
+    for (int64_t b = 0; rotate && b < K; b += kRotation) {
+      hadamard_block(wide + b);
+    }
     for (int64_t c = 0; c < K; c += 16) {
-      const vf v = load_first(src + c, std::min<int64_t>(16, K - c));  // lanes past K are zero
+      const vf v = load_first(wide + c, std::min<int64_t>(16, K - c));
       largest = vmax(largest, v);
       smallest = vmin(smallest, v);
     }
+#endif
     const float low = reduce_min(smallest), high = reduce_max(largest);
     const float s = std::max((high - low) / 255.f, 1e-30f), inverse = 1.f / s;
     const float z = std::nearbyint(-low / s);
@@ -64,14 +144,13 @@ void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_
     const __m512i zero_point = _mm512_set1_epi32(static_cast<int32_t>(z));
     for (int64_t c = 0; c < K; c += 16) {
       const int64_t n = std::min<int64_t>(16, K - c);
-      const vf v = load_first(src + c, n);
+      const vf v = rotate ? load(wide + c) : load_first(src + c, n);
       const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(v * splat(inverse)), zero_point);
       _mm512_mask_cvtusepi32_storeu_epi8(out + c, first_lanes(n), _mm512_max_epi32(u, _mm512_setzero_si512()));
     }
 #else
     for (int64_t c = 0; c < K; ++c) {  // round to nearest even, as torch's round
-      const float v = static_cast<float>(src[c]);
-      out[c] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(v * inverse) + z, 0.f), 255.f));
+      out[c] = static_cast<uint8_t>(std::min(std::max(std::nearbyint(wide[c] * inverse) + z, 0.f), 255.f));
     }
 #endif
     for (int64_t c = K; c < K4; ++c) {  // padding, against the weights' zero padding
@@ -142,7 +221,7 @@ XENC_INLINE void finish_row(const int32_t* acc, int32_t z, const int32_t* sums, 
 template <typename T>
 at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                           const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                          c10::string_view activation, const std::optional<at::Tensor>& residual) {
+                          c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
   const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_int8 takes a 2-D CPU tensor, got shape ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1), N = out_features, K4 = (K + 3) / 4 * 4;
@@ -161,6 +240,9 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   TORCH_CHECK(correction.scalar_type() == at::kInt && weight_scale.scalar_type() == at::kFloat &&
                   bias.scalar_type() == at::kFloat,
               "linear_int8 takes an int32 correction and float32 scales and bias");
+  TORCH_CHECK(rotation == 0 || (rotation == kRotation && K % kRotation == 0),
+              "linear_int8 rotates blocks of ", kRotation, " columns of x, or none (0), got ", rotation, " for K = ", K);
+  const bool rotate = rotation != 0;
   const bool gelu = activation == "gelu", gated = activation == "silu_mul";
   TORCH_CHECK(gelu || gated || activation == "none",
               "linear_int8's activation is \"none\", \"gelu\" or \"silu_mul\", got ", activation);
@@ -193,6 +275,7 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   // Blocks in row-major order, so that a thread's consecutive blocks share rows of x (quantized once).
   at::parallel_for(0, mblk * nblk, 1, [&](int64_t begin, int64_t end) {
     Scratch panel(kInt8Rows * K4);
+    Scratch wide(K4 * static_cast<int64_t>(sizeof(float)));
     Scratch tile(kInt8Rows * kInt8Cols * static_cast<int64_t>(sizeof(int32_t)));
     float scales[kInt8Rows];
     int32_t zero_points[kInt8Rows];
@@ -202,7 +285,8 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
       const int64_t mi = b / nblk, ni = b % nblk, m0 = mi * kInt8Rows, n0 = ni * kInt8Cols;
       const int64_t rows = std::min(kInt8Rows, M - m0);
       if (mi != quantized) {
-        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, panel.as<uint8_t>(), scales, zero_points);
+        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, rotate, panel.as<uint8_t>(), scales, zero_points,
+                      wide.as<float>());
         quantized = mi;
       }
       const int64_t cols = std::min(kInt8Cols, N - n0);
@@ -231,14 +315,14 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                        const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual) {
+                       c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
   switch (x.scalar_type()) {
     case at::kFloat:
-      return linear_int8_on<float>(x, blocks, correction, weight_scale, bias, out_features, activation, residual);
+      return linear_int8_on<float>(x, blocks, correction, weight_scale, bias, out_features, activation, residual, rotation);
     case at::kBFloat16:
-      return linear_int8_on<BFloat16>(x, blocks, correction, weight_scale, bias, out_features, activation, residual);
+      return linear_int8_on<BFloat16>(x, blocks, correction, weight_scale, bias, out_features, activation, residual, rotation);
     case at::kHalf:
-      return linear_int8_on<Half>(x, blocks, correction, weight_scale, bias, out_features, activation, residual);
+      return linear_int8_on<Half>(x, blocks, correction, weight_scale, bias, out_features, activation, residual, rotation);
     default:
       TORCH_CHECK(false, "linear_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
   }

@@ -39,7 +39,7 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("int8_gemm_built() -> bool", &xenc_lab::int8_gemm_built);
   m.def(
       "linear_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int out_features, "
-      "str activation, Tensor? residual) -> Tensor");
+      "str activation, Tensor? residual, int rotation=0) -> Tensor");
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
   m.def(
       "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "

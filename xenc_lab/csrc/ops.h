@@ -47,7 +47,7 @@ at::Tensor linear_widened(const at::Tensor& x, const at::Tensor& blocks, const a
 // gemm_int8.cpp
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                        const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual);
+                       c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation);
 #endif
 
 #if XENC_HALF_GEMM
