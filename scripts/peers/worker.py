@@ -56,7 +56,7 @@ def st(args, dtype: str):
     return lambda pairs: model.predict(pairs, activation_fn=identity, batch_size=BATCH)
 
 
-def xenc_lab(args, dtype: str, quantization: str | None = None):
+def xenc_lab(args, dtype: str | None, quantization: str | None = None):
     import torch
 
     from xenc_lab import Scorer
@@ -64,7 +64,7 @@ def xenc_lab(args, dtype: str, quantization: str | None = None):
 
     extra = {}
     if quantization is not None:
-        dtype = "bfloat16" if cpu_has_fast_bf16() else "float32"  # what stays unquantized
+        dtype = dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")  # what stays unquantized
         import inspect
 
         if "quantization" not in inspect.signature(Scorer.__init__).parameters:
@@ -229,7 +229,8 @@ ENGINES = {
     "st-bf16": lambda a: st(a, "bfloat16"),
     "xenc_lab-fp32": lambda a: xenc_lab(a, "float32"),
     "xenc_lab-bf16": lambda a: xenc_lab(a, "bfloat16"),
-    "xenc_lab-int8": lambda a: xenc_lab(a, "bfloat16", "int8"),
+    "xenc_lab-int8": lambda a: xenc_lab(a, None, "int8"),
+    "xenc_lab-int8-fp32": lambda a: xenc_lab(a, "float32", "int8"),
     "openvino-f32": lambda a: openvino(a, "f32"),
     "openvino-bf16": lambda a: openvino(a, "bf16"),
     "openvino-int8": lambda a: openvino(a, None, int8=True),

@@ -16,10 +16,11 @@ from .venvs import ensure_venv
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = ROOT / "scripts" / "peers"
-ENCODER_ENGINES = ("st-fp32", "st-bf16", "xenc_lab-fp32", "xenc_lab-bf16", "xenc_lab-int8", "onnxruntime-fp32",
-                   "onnxruntime-int8", "openvino-f32", "openvino-bf16", "openvino-int8")
-DECODER_ENGINES = ("st-fp32", "xenc_lab-fp32", "xenc_lab-bf16", "xenc_lab-int8", "llama.cpp-F32", "llama.cpp-BF16",
-                   "llama.cpp-Q8_0")
+# xenc_lab-int8 has bf16 around its int8 layers; xenc_lab-int8-fp32 float32, where they rotate their inputs.
+ENCODER_ENGINES = ("st-fp32", "st-bf16", "xenc_lab-fp32", "xenc_lab-bf16", "xenc_lab-int8", "xenc_lab-int8-fp32",
+                   "onnxruntime-fp32", "onnxruntime-int8", "openvino-f32", "openvino-bf16", "openvino-int8")
+DECODER_ENGINES = ("st-fp32", "xenc_lab-fp32", "xenc_lab-bf16", "xenc_lab-int8", "xenc_lab-int8-fp32", "llama.cpp-F32",
+                   "llama.cpp-BF16", "llama.cpp-Q8_0")
 GGUF_TYPES = {"llama.cpp-F32": "f32", "llama.cpp-BF16": "bf16", "llama.cpp-Q8_0": "q8_0"}
 # Held-out seeds: no other benchmark, test or tuning step draws the workload with these.
 SEED, CALIBRATION_SEED = 4545, 4546
