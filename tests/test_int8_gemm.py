@@ -88,9 +88,11 @@ def test_the_kernel_and_the_torch_route_agree_with_gelu_and_residual(dtype):
 @pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "torch"])
 @pytest.mark.parametrize("start, stop", [(0, 64), (64, 192), (10, 50), (128, 200)])
 def test_output_rows_equal_the_columns_of_the_whole_product(route, start, stop):
-    layer = Int8Linear(_layer(200, 64, seed=2), route)
-    x = torch.randn(33, 64)
-    assert torch.equal(layer.forward_rows(x, start, stop), layer(x)[:, start:stop])
+    for k, rotate in ((64, False), (ROTATION, True)):
+        layer = Int8Linear(_layer(200, k, seed=2), route, rotate=rotate)
+        assert layer.rotation == (ROTATION if rotate else 0)
+        x = torch.randn(33, k)
+        assert torch.equal(layer.forward_rows(x, start, stop), layer(x)[:, start:stop]), rotate
 
 
 def test_int8_choices_project_the_first_tokens_keys_and_values():
