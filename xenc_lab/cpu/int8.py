@@ -142,61 +142,54 @@ def _int8_check() -> bool:
     q, scale = quantize_weight(weight)
     packed = int8_blocks(q, scale, bias)
     weight_t = q.t().contiguous()
+    # A gated layer (two blocks of columns: gate, then up) and a rotated one (two Hadamard blocks).
+    gate_up = weight[:64].repeat(2, 1)
+    gate_up[64:] = -gate_up[64:].flip(1)
+    gated_q, gated_scale = quantize_weight(gate_up[gated_order(64)])
+    gated_t = gated_q.t().contiguous()
+    rotated_q, rotated_scale = quantize_weight(hadamard_rows(wide_weight))
+    rotated_scale = rotated_scale / ROTATION
     for dtype in (torch.float32, torch.bfloat16):
-        xd, rd = x.to(dtype), residual.to(dtype)
+        xd, rd, wide, eps = x.to(dtype), residual.to(dtype), wide_x.to(dtype), torch.finfo(dtype).eps
         # A product within a rounding of the rounded one may round to the other side of a tie: one step of x's
         # quantization in one term, at most. A wrong layout or scale is off by units.
         step = quantize_rows(xd)[1] * weight.abs().amax(dim=1)[None]
         for activation in ("gelu", "none"):
             add = rd if activation == "none" else None
-            want = _torch_linear_int8(xd.float(), weight_t, scale, bias, activation, None if add is None else add.float())
-            try:
-                got = torch.ops.xenc_lab.linear_int8(xd, *packed, 80, activation, add).float()
-            except RuntimeError as e:
-                logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
+            want = _torch_linear_int8(xd.float(), weight_t, scale, bias, activation,
+                                      None if add is None else add.float())
+            room = 2 * eps * (1 + want.abs()) + 1.1 * step
+            if not _kernel_agrees(f"{dtype}, {activation}", want, room, xd, *packed, 80, activation, add):
                 return False
-            excess = (got - want).abs() - 2 * torch.finfo(dtype).eps * (1 + want.abs()) - 1.1 * step
-            if not excess.max().item() <= 0:  # a NaN fails
-                logger.info("xenc_lab's int8 GEMM (%s, %s) is off by %.3g here; using torch's int8 ops", dtype,
-                            activation, (got - want).abs().max().item())
-                return False
-        # A gated layer (two blocks of columns): silu(gate) * up, within a step of the gate's and the up's products.
-        gate_up = weight[:64].repeat(2, 1)
-        gate_up[64:] = -gate_up[64:].flip(1)
-        gated_q, gated_scale = quantize_weight(gate_up[gated_order(64)])
-        gated_t = gated_q.t().contiguous()
+        # silu(gate) * up: within a step of the gate's and the up's products
         want = _torch_linear_int8(xd.float(), gated_t, gated_scale, None, "silu_mul", None)
-        try:
-            got = torch.ops.xenc_lab.linear_int8(xd, *int8_blocks(gated_q, gated_scale, None), 128, "silu_mul",
-                                                 None).float()
-        except RuntimeError as e:
-            logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
-            return False
         products = _torch_linear_int8(xd.float(), gated_t, gated_scale, None, "none", None).abs()
-        room = 2 * torch.finfo(dtype).eps * (1 + want.abs()) + 2.2 * step[:, :64] * (1 + products.amax(dim=1,
-                                                                                                     keepdim=True))
-        if not ((got - want).abs() - room).max().item() <= 0:
-            logger.info("xenc_lab's int8 GEMM (%s, silu_mul) is off by %.3g here; using torch's int8 ops", dtype,
-                        (got - want).abs().max().item())
+        room = 2 * eps * (1 + want.abs()) + 2.2 * step[:, :64] * (1 + products.amax(dim=1, keepdim=True))
+        if not _kernel_agrees(f"{dtype}, silu_mul", want, room, xd, *int8_blocks(gated_q, gated_scale, None), 128,
+                              "silu_mul", None):
             return False
-        # Rotated inputs (two Hadamard blocks), with a residual: the same rotation and codes as torch's, bit for bit.
-        wide = wide_x.to(dtype)
-        rotated_q, rotated_scale = quantize_weight(hadamard_rows(wide_weight))
-        rotated_scale = rotated_scale / ROTATION
-        want = _torch_linear_int8(wide.float(), rotated_q.t().contiguous(), rotated_scale, bias, "none",
-                                  rd.float(), ROTATION)
-        try:
-            got = torch.ops.xenc_lab.linear_int8(wide, *int8_blocks(rotated_q, rotated_scale, bias), 80, "none", rd,
-                                                 ROTATION).float()
-        except RuntimeError as e:
-            logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
+        # Rotated, with a residual: the same rotation, codes and int32 sums as torch's, bit for bit; the epilogues
+        # round in another order, a few roundings of the sum before the residual.
+        want = _torch_linear_int8(wide.float(), rotated_q.t().contiguous(), rotated_scale, bias, "none", rd.float(),
+                                  ROTATION)
+        room = 4 * eps * (1 + want.abs() + rd.float().abs())
+        if not _kernel_agrees(f"{dtype}, rotated", want, room, wide, *int8_blocks(rotated_q, rotated_scale, bias), 80,
+                              "none", rd, ROTATION):
             return False
-        # the same int32 sums; the epilogues round in another order: a few roundings of the sum before the residual
-        room = 4 * torch.finfo(dtype).eps * (1 + want.abs() + rd.float().abs())
-        if not ((got - want).abs() - room).max().item() <= 0:
-            logger.info("xenc_lab's int8 GEMM (%s, rotated) is off by %.3g here; using torch's int8 ops", dtype,
-                        (got - want).abs().max().item())
-            return False
+    return True
+
+
+def _kernel_agrees(case: str, want: torch.Tensor, room: torch.Tensor, *args) -> bool:
+    """Whether ``linear_int8(*args)`` runs here and lands within ``room`` of ``want`` (the torch route's result)."""
+    try:
+        got = torch.ops.xenc_lab.linear_int8(*args).float()
+    except RuntimeError as e:
+        logger.info("xenc_lab's int8 GEMM does not run here (%s); using torch's int8 ops", reason(e))
+        return False
+    if not ((got - want).abs() - room).max().item() <= 0:  # a NaN fails
+        logger.info("xenc_lab's int8 GEMM (%s) is off by %.3g here; using torch's int8 ops", case,
+                    (got - want).abs().max().item())
+        return False
     return True
 
 
@@ -309,9 +302,9 @@ class _Columns:
 
 def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = (), rotate: bool = False) -> int:
     """Replace every float nn.Linear of a CPU model by an Int8Linear, but those in ``keep`` (which stay in the model's
-    dtype), rotating their inputs where ``rotate``; returns how many. A module's ``silu_gated()`` (a decoder MLP's) names its fused gate/up layer where SiLU
-    follows it: that layer is quantized gated, its epilogue computing silu(gate) * up (one pass over the
-    intermediate rather than three)."""
+    dtype), rotating their inputs where ``rotate``; returns how many. A module's ``silu_gated()`` (a decoder MLP's)
+    names its fused gate/up layer where SiLU follows it: that layer is quantized gated, its epilogue computing
+    silu(gate) * up (one pass over the intermediate rather than three)."""
     kept = {id(module) for module in keep}
     gated = {id(layer) for module in model.modules() if hasattr(module, "silu_gated")
              for layer in [module.silu_gated()] if layer is not None and layer.out_features % INT8_COLS == 0}
@@ -323,12 +316,6 @@ def quantize_linears(model: nn.Module, keep: Iterable[nn.Module] = (), rotate: b
             setattr(parent, name, Int8Linear(child, gated=id(child) in gated, rotate=rotate))
             count += 1
     return count
-
-
-def kept_in_dtype(model: nn.Module) -> list[nn.Module]:
-    """The linears ``quantization="int8"`` leaves at the model's dtype: the per-pair linears (one row per pair:
-    quantizing them puts rounding straight onto the score). docs/int8.md has the measurements behind the choice."""
-    return list(model.per_pair_linears())
 
 
 def int8_bytes(model: nn.Module) -> tuple[int, int]:

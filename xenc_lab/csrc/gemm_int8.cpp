@@ -59,7 +59,8 @@ XENC_INLINE vf butterfly_in_register(vf v) {  // strides 1, 2, 4, 8 among a regi
 
 XENC_INLINE void hadamard_block(vf v[8]) {
   for (int i = 0; i < 8; ++i) {
-    v[i] = butterfly_in_register<8>(butterfly_in_register<4>(butterfly_in_register<2>(butterfly_in_register<1>(v[i]))));
+    v[i] = butterfly_in_register<4>(butterfly_in_register<2>(butterfly_in_register<1>(v[i])));
+    v[i] = butterfly_in_register<8>(v[i]);
   }
   for (int stride = 1; stride < 8; stride *= 2) {  // strides 16, 32, 64: between registers
     for (int i = 0; i < 8; ++i) {
@@ -241,14 +242,15 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
                   bias.scalar_type() == at::kFloat,
               "linear_int8 takes an int32 correction and float32 scales and bias");
   TORCH_CHECK(rotation == 0 || (rotation == kRotation && K % kRotation == 0),
-              "linear_int8 rotates blocks of ", kRotation, " columns of x, or none (0), got ", rotation, " for K = ", K);
+              "linear_int8 rotates blocks of ", kRotation, " columns of x, or none (0), got ", rotation, " for K = ",
+              K);
   const bool rotate = rotation != 0;
   const bool gelu = activation == "gelu", gated = activation == "silu_mul";
   TORCH_CHECK(gelu || gated || activation == "none",
               "linear_int8's activation is \"none\", \"gelu\" or \"silu_mul\", got ", activation);
   TORCH_CHECK(!gated || (N % kInt8Cols == 0 && !residual.has_value()),
-              "linear_int8's silu_mul takes a gate/up layer of whole ", kInt8Cols, "-column blocks and no residual, got ",
-              N, " columns");
+              "linear_int8's silu_mul takes a gate/up layer of whole ", kInt8Cols,
+              "-column blocks and no residual, got ", N, " columns");
   const int64_t width_out = gated ? N / 2 : N;  // columns of y
   const T* res = nullptr;
   int64_t res_stride = 0;
@@ -318,11 +320,14 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::
                        c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
   switch (x.scalar_type()) {
     case at::kFloat:
-      return linear_int8_on<float>(x, blocks, correction, weight_scale, bias, out_features, activation, residual, rotation);
+      return linear_int8_on<float>(x, blocks, correction, weight_scale, bias, out_features, activation, residual,
+                                   rotation);
     case at::kBFloat16:
-      return linear_int8_on<BFloat16>(x, blocks, correction, weight_scale, bias, out_features, activation, residual, rotation);
+      return linear_int8_on<BFloat16>(x, blocks, correction, weight_scale, bias, out_features, activation, residual,
+                                      rotation);
     case at::kHalf:
-      return linear_int8_on<Half>(x, blocks, correction, weight_scale, bias, out_features, activation, residual, rotation);
+      return linear_int8_on<Half>(x, blocks, correction, weight_scale, bias, out_features, activation, residual,
+                                  rotation);
     default:
       TORCH_CHECK(false, "linear_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
   }
