@@ -154,7 +154,6 @@ def test_a_gated_layer_runs_silu_mul_only_and_whole():
 
 def test_int8_decoders_gate_their_silu_mlps_and_score_as_ungated(monkeypatch):
     from parity_tests.conftest import model_dir
-
     from xenc_lab import Scorer
     from xenc_lab.cpu import int8
     from xenc_lab.zoo.corpus import corpus
@@ -221,7 +220,6 @@ def test_rotated_the_kernel_and_the_torch_route_agree_and_stay_within_int8s_erro
 
 def test_a_compiled_int8_decoder_runs_its_gated_layers_as_the_eager_one():
     from parity_tests.conftest import model_dir
-
     from xenc_lab import Scorer
 
     pairs = [("what is a cache", "a cache keeps " + "results and keys " * (i + 1)) for i in range(12)]

@@ -170,4 +170,3 @@ def rerank_variants(model, queries, corpus, run, variants: dict | None = None, d
                            **rerank_kwargs)[name]
         runs[name], seconds[name] = done.run, done.seconds  # compile=True includes its compilation
     return Variants(runs, baseline, depth, seconds)
-
