@@ -43,12 +43,12 @@ QUERIES, PASSAGES = {REAL: 12}, 40
 DTYPES = ["float32"] + (["bfloat16"] if native_half_units("bfloat16") else [])
 # Bounds per model kind (the trained reranker's per dtype): mean Spearman, min Spearman, mean Kendall, mean top-10 overlap, max |delta| / spread.
 BOUNDS = {
-    # float32 rotates the int8 layers' inputs (cpu/int8.py): the goals themselves asserted (mean Spearman >= 0.99,
-    # top-10 overlap >= 0.95)
+    # the int8 layers' inputs are rotated (cpu/int8.py); in float32 the goals themselves are asserted (mean Spearman
+    # >= 0.99, top-10 overlap >= 0.95), in bfloat16 a little under them (measured: 0.991 and 0.977)
     "trained float32": (0.99, 0.95, 0.96, 0.97, 0.25),
-    "trained bfloat16": (0.982, 0.92, 0.93, 0.94, 0.45),
+    "trained bfloat16": (0.985, 0.94, 0.95, 0.95, 0.30),
     "real float32": (0.995, 0.99, 0.96, 0.95, 0.10),
-    "real": (0.985, 0.975, 0.90, 0.88, 0.15),
+    "real": (0.993, 0.99, 0.95, 0.90, 0.10),
     "tiny": (0.93, 0.85, 0.78, 0.75, 0.50),
 }
 # One tiny model per encoder code path: BERT-like (RoBERTa's positions), ModernBERT, DeBERTa's own attention.

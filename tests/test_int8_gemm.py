@@ -177,18 +177,65 @@ def _ungated(init):
     return plain
 
 
-def test_float32_rotates_every_int8_layer_and_bfloat16_none_and_only_per_pair_layers_stay_at_dtype():
+def test_every_int8_layer_rotates_in_both_dtypes_and_only_per_pair_layers_stay_at_dtype():
     from xenc_lab import Scorer
     from xenc_lab.zoo import minilm_cross_encoder
 
-    for dtype, rotation in (("float32", ROTATION), ("bfloat16", 0)):
+    for dtype in ("float32", "bfloat16"):
         model = Scorer(minilm_cross_encoder(), device="cpu", dtype=dtype, quantization="int8").engine.runner.model
         layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
-        assert layers and {m.rotation for m in layers} == {rotation}, dtype
+        assert layers and {m.rotation for m in layers} == {ROTATION}, dtype
         stack = next(m for m in model.modules() if isinstance(m, nn.ModuleList))
         assert any(isinstance(m, Int8Linear) for m in stack[0].modules()), dtype
         kept = {id(m) for m in model.per_pair_linears()}
         assert all(isinstance(m, Int8Linear) or id(m) in kept for m in model.modules() if type(m) is nn.Linear)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["gelu", "silu_mul"])
+@pytest.mark.parametrize("rows, width, hidden, rotate", [(1, 64, 64, False), (7, 128, 200, True), (230, 256, 512, True),
+                                                         (97, 72, 130, False)])
+def test_two_int8_layers_run_together_compute_what_they_compute_one_at_a_time_to_the_bit(
+        dtype, activation, rows, width, hidden, rotate):
+    gated = activation == "silu_mul"
+    if gated and hidden % 64:
+        hidden += 64 - hidden % 64  # a gated layer is whole blocks of 64 columns
+    first = Int8Linear(_layer(2 * hidden if gated else hidden, width, seed=5), "kernel", gated=gated, rotate=rotate)
+    second = Int8Linear(_layer(width, hidden, seed=6), "kernel", rotate=rotate)
+    torch.manual_seed(7)
+    x, residual = (3 * torch.randn(rows, width)).to(dtype), torch.randn(rows, width).to(dtype)
+    want = second(first(x, activation=activation), residual=residual)
+    got = first.then(second, x, activation, residual)
+    assert want.std() > 0 and torch.equal(got, want)
+    assert torch.equal(first.then(second, x[:0], activation, residual[:0]), want[:0])
+
+
+@needs_kernel
+def test_then_refuses_layers_that_do_not_chain():
+    first, second = Int8Linear(_layer(96, 64), "kernel"), Int8Linear(_layer(64, 80), "kernel")
+    with pytest.raises(ValueError, match="chain"):
+        first.then(second, torch.randn(4, 64), "gelu", None)
+    with pytest.raises(ValueError, match="chain"):
+        first.then(Int8Linear(_layer(64, 96), "torch"), torch.randn(4, 64), "gelu", None)
+
+
+@needs_kernel
+def test_an_int8_encoder_runs_each_ffn_as_one_kernel_call_and_scores_as_with_two(monkeypatch):
+    from xenc_lab import Scorer
+    from xenc_lab.models import bert
+    from xenc_lab.zoo import minilm_cross_encoder
+
+    pairs = [("how do caches work", "a cache keeps " + "recent results " * (i + 1)) for i in range(20)]
+    scorer = Scorer(minilm_cross_encoder(), device="cpu", dtype="bfloat16", quantization="int8")
+    calls = []
+    then = Int8Linear.then
+    monkeypatch.setattr(Int8Linear, "then", lambda self, *a: calls.append(self) or then(self, *a))
+    together = torch.tensor(scorer.predict(pairs, show_progress_bar=False))
+    assert len(set(map(id, calls))) == 5  # every layer's FFN but the last's, whose FFN sees one row per pair
+    monkeypatch.setattr(bert, "int8_mlp", lambda *args: None)
+    apart = torch.tensor(scorer.predict(pairs, show_progress_bar=False))
+    assert together.std() > 0.1 and torch.equal(together, apart)
 
 
 def test_hadamard_rows_multiply_each_block_by_the_sylvester_matrix():

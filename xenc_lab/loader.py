@@ -14,7 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from . import choices as engine_choices
 from .choices import Choices
 from .cpu.heap import keep_freed_batches
-from .cpu.int8 import quantize_linears, rotates
+from .cpu.int8 import quantize_linears
 from .cpu.norm import row_layer_norms
 from .cpu.prepacked import prepack_linears
 from .models import ARCHITECTURES, PackedModel
@@ -178,7 +178,7 @@ def load_model(
         keep_freed_batches()
         if quantization == "int8":
             # the per-pair linears stay at dtype: quantizing them puts rounding straight onto the score
-            quantize_linears(model, keep=model.per_pair_linears(), rotate=rotates(dtype))
+            quantize_linears(model, keep=model.per_pair_linears(), rotate=True)
         prepack_linears(model, choices, keep=model.per_pair_linears() if dtype == torch.float32 else ())
         row_layer_norms(model)
     return model, choices

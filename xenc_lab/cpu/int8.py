@@ -1,8 +1,10 @@
 """int8 linear layers on the CPU (``quantization="int8"``): weights int8 per output channel, symmetric, quantized
 once at load; activations int8 per token, quantized on the fly (dynamic, no calibration); int32 sums; the scales,
-the bias, the GELU or the residual applied in float32 and rounded once to the model's dtype. In float32, each block
-of 128 input features is rotated by a Hadamard matrix first, the weights at load and the activations on the fly
+the bias, the GELU or the residual applied in float32 and rounded once to the model's dtype. Each block of 128 input
+features is rotated by a Hadamard matrix first, the weights at load and the activations on the fly
 (``hadamard_rows``): the product is unchanged, and a token's outlier features no longer set its quantization step.
+A layer whose GELU or silu(gate) * up feeds another int8 layer can run with it a block of rows at a time
+(``Int8Linear.then``), the intermediate kept in cache.
 
 Two routes, the first that runs here (docs/int8.md has the measurements behind them):
 
@@ -42,13 +44,6 @@ def hadamard_rows(x: torch.Tensor) -> torch.Tensor:
         y = torch.stack((a + b, a - b), dim=2).view(-1, ROTATION)
         stride *= 2
     return y.view(x.shape)
-
-
-def rotates(dtype: torch.dtype) -> bool:
-    """Whether int8 layers rotate their inputs at ``dtype`` (docs/int8.md measures both): in float32, where it brings
-    the ranks within the goals with every layer in int8; not in bfloat16, whose own rounding bounds the ranks as
-    much and where the rotation's time counts against int8's speed."""
-    return dtype == torch.float32
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,6 +276,24 @@ class Int8Linear(PrepackedLinear):
         else:
             y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual, self.rotation)
         return y.view(*x.shape[:-1], y.shape[-1])
+
+    def then(self, second: Int8Linear, x: torch.Tensor, activation: str, residual: torch.Tensor | None) -> torch.Tensor:
+        """second(this layer's ``activation`` of x) + residual, a block of rows at a time (``mlp_int8``): the
+        intermediate stays in cache, where two calls would write it out and read it back. Each row is what the two
+        calls compute, to the bit. Both layers must run on the kernel route."""
+        if not (self.route == second.route == "kernel" and second.in_features == self.out_features // (
+                2 if self.gated else 1) and self.gated == (activation == "silu_mul") and not second.gated):
+            raise ValueError(f"then() takes two kernel-route int8 layers whose widths chain, a plain second, and the "
+                             f"first's own activation; got {self!r}, {second!r}, activation {activation!r}")
+        rows = self._rows_of(x)
+        if residual is not None:
+            residual = residual.reshape(-1, second.out_features)
+            if residual.stride(-1) != 1:
+                residual = residual.contiguous()
+        y = torch.ops.xenc_lab.mlp_int8(rows, self.packed, self._correction, self._scale, self._bias, self.out_features,
+                                        activation, self.rotation, second.packed, second._correction, second._scale,
+                                        second._bias, second.out_features, residual, second.rotation)
+        return y.view(*x.shape[:-1], second.out_features)
 
     def extra_repr(self) -> str:
         gated = ", gated: silu(gate) * up" if self.gated else ""

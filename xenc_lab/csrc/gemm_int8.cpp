@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "gemm.h"
 #include "ops.h"
@@ -143,7 +144,20 @@ void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_
     // Rounded to nearest even (the default rounding mode, as torch's round), the zero point added, clamped to
     // [0, 255]: below by a max, above by the unsigned saturating narrowing.
     const __m512i zero_point = _mm512_set1_epi32(static_cast<int32_t>(z));
-    for (int64_t c = 0; c < K; c += 16) {
+    int64_t c = 0;
+    // 64 columns at a time: four registers of int32 codes narrowed by two saturating packs (which also clamp to
+    // [0, 255]) into one register of bytes, whose 128-bit lanes interleave the four: put back in order.
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (; c + 64 <= K; c += 64) {
+      __m512i q[4];
+      for (int i = 0; i < 4; ++i) {
+        const vf v = rotate ? load(wide + c + 16 * i) : load_first(src + c + 16 * i, 16);
+        q[i] = _mm512_add_epi32(_mm512_cvtps_epi32(v * splat(inverse)), zero_point);
+      }
+      const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
+      _mm512_storeu_si512(out + c, _mm512_permutexvar_epi32(order, bytes));
+    }
+    for (; c < K; c += 16) {
       const int64_t n = std::min<int64_t>(16, K - c);
       const vf v = rotate ? load(wide + c) : load_first(src + c, n);
       const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(v * splat(inverse)), zero_point);
@@ -219,14 +233,21 @@ XENC_INLINE void finish_row(const int32_t* acc, int32_t z, const int32_t* sums, 
 #endif
 }
 
-template <typename T>
-at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
-                          const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                          c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
-  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_int8 takes a 2-D CPU tensor, got shape ", x.sizes());
-  const int64_t M = x.size(0), K = x.size(1), N = out_features, K4 = (K + 3) / 4 * 4;
-  TORCH_CHECK(K <= 1 || x.stride(1) == 1, "linear_int8 needs contiguous columns, got strides ", x.strides());
+// One layer's weight as linear_int8 takes it (packed at load by cpu/int8.py), its activation, and its rotation.
+struct Int8Layer {
+  const int8_t* blocks;
+  const int32_t* correction;
+  const float* weight_scale;
+  const float* bias;
+  int64_t K, K4, N, nblk;
+  bool gelu, gated;
+  int64_t rotation;
+  int64_t width_out() const { return gated ? N / 2 : N; }  // columns of y
+};
+
+Int8Layer int8_layer(int64_t K, const at::Tensor& blocks, const at::Tensor& correction, const at::Tensor& weight_scale,
+                     const at::Tensor& bias, int64_t out_features, c10::string_view activation, int64_t rotation) {
+  const int64_t K4 = (K + 3) / 4 * 4, N = out_features;
   TORCH_CHECK(blocks.dim() == 4 && blocks.size(1) == K4 / 4 && blocks.size(2) == kInt8Cols && blocks.size(3) == 4 &&
                   blocks.is_contiguous() && blocks.scalar_type() == at::kChar,
               "linear_int8's weight must be int8 blocks (N / ", kInt8Cols, ", ", K4 / 4, ", ", kInt8Cols,
@@ -244,68 +265,147 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   TORCH_CHECK(rotation == 0 || (rotation == kRotation && K % kRotation == 0),
               "linear_int8 rotates blocks of ", kRotation, " columns of x, or none (0), got ", rotation, " for K = ",
               K);
-  const bool rotate = rotation != 0;
   const bool gelu = activation == "gelu", gated = activation == "silu_mul";
   TORCH_CHECK(gelu || gated || activation == "none",
               "linear_int8's activation is \"none\", \"gelu\" or \"silu_mul\", got ", activation);
-  TORCH_CHECK(!gated || (N % kInt8Cols == 0 && !residual.has_value()),
-              "linear_int8's silu_mul takes a gate/up layer of whole ", kInt8Cols,
-              "-column blocks and no residual, got ", N, " columns");
-  const int64_t width_out = gated ? N / 2 : N;  // columns of y
-  const T* res = nullptr;
-  int64_t res_stride = 0;
-  if (residual.has_value()) {
-    const at::Tensor& r = *residual;
-    TORCH_CHECK(!gelu && !gated, "linear_int8 adds a residual to the plain product only");
-    TORCH_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == dtype &&
-                    (N <= 1 || r.stride(1) == 1),
-                "linear_int8's residual must be a ", dtype, " (", M, ", ", N, ") tensor with contiguous columns");
-    res = r.const_data_ptr<T>();
-    res_stride = r.stride(0);
+  TORCH_CHECK(!gated || N % kInt8Cols == 0, "linear_int8's silu_mul takes a gate/up layer of whole ", kInt8Cols,
+              "-column blocks, got ", N, " columns");
+  return {blocks.const_data_ptr<int8_t>(), correction.const_data_ptr<int32_t>(), weight_scale.const_data_ptr<float>(),
+          bias.const_data_ptr<float>(), K, K4, N, nblk, gelu, gated, rotation};
+}
+
+// The residual of a layer with N columns and M rows of type T, checked: its data and row stride (nullptr, 0: none).
+template <typename T>
+std::pair<const T*, int64_t> residual_of(const std::optional<at::Tensor>& residual, int64_t M, int64_t N) {
+  if (!residual.has_value()) {
+    return {nullptr, 0};
   }
+  const at::Tensor& r = *residual;
+  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
+  TORCH_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == dtype &&
+                  (N <= 1 || r.stride(1) == 1),
+              "linear_int8's residual must be a ", dtype, " (", M, ", ", N, ") tensor with contiguous columns");
+  return {r.const_data_ptr<T>(), r.stride(0)};
+}
+
+// What one thread holds for a block of rows: the quantized panel with its scales and zero points, a float row for
+// the rotation, and the int32 tile.
+struct RowBlock {
+  Scratch panel, wide, tile;
+  float scales[kInt8Rows];
+  int32_t zero_points[kInt8Rows];
+  explicit RowBlock(int64_t K4)
+      : panel(kInt8Rows * K4),
+        wide(K4 * static_cast<int64_t>(sizeof(float))),
+        tile(kInt8Rows * kInt8Cols * static_cast<int64_t>(sizeof(int32_t))) {}
+  template <typename T>
+  void quantize(const Int8Layer& layer, const T* x, int64_t x_stride, int64_t rows) {
+    quantize_rows(x, x_stride, rows, layer.K, layer.K4, layer.rotation != 0, panel.as<uint8_t>(), scales, zero_points,
+                  wide.as<float>());
+  }
+};
+
+// Column block ni of `layer` on the quantized rows of `block`: the products, then the epilogue into `out` (row stride
+// out_stride; its column ni * kInt8Cols, or half that for a gated layer), with the residual `res` (row stride
+// res_stride) added where given.
+template <typename T>
+void int8_tile(const Int8Layer& layer, int64_t ni, RowBlock& block, int64_t rows, T* out, int64_t out_stride,
+               const T* res, int64_t res_stride) {
+  const int64_t n0 = ni * kInt8Cols, cols = std::min(kInt8Cols, layer.N - n0);
+  if (res) {  // the tile's residual, read from memory, arrives while the products run
+    for (int64_t r = 0; r < rows; ++r) {
+      const char* line = reinterpret_cast<const char*>(res + r * res_stride + n0);
+      for (int64_t offset = 0; offset < cols * static_cast<int64_t>(sizeof(T)); offset += 64) {
+        __builtin_prefetch(line + offset);
+      }
+    }
+  }
+  int32_t* C = block.tile.as<int32_t>();
+  at::native::cpublas::brgemm(rows, kInt8Cols, layer.K4, layer.K4, kInt8Cols, kInt8Cols, false,
+                              block.panel.as<uint8_t>(), layer.blocks + ni * layer.K4 * kInt8Cols, C, true);
+  T* first = out + (layer.gated ? n0 / 2 : n0);
+  for (int64_t r = 0; r < rows; ++r) {
+    finish_row(C + r * kInt8Cols, block.zero_points[r], layer.correction + n0, block.scales[r],
+               layer.weight_scale + n0, layer.bias + n0, layer.gelu, layer.gated,
+               res ? res + r * res_stride + n0 : nullptr, cols, first + r * out_stride);
+  }
+}
+
+template <typename T>
+at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
+                          const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
+                          c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_int8 takes a 2-D CPU tensor, got shape ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K <= 1 || x.stride(1) == 1, "linear_int8 needs contiguous columns, got strides ", x.strides());
+  const Int8Layer layer = int8_layer(K, blocks, correction, weight_scale, bias, out_features, activation, rotation);
+  TORCH_CHECK(!residual.has_value() || !(layer.gelu || layer.gated),
+              "linear_int8 adds a residual to the plain product only");
+  const auto [res, res_stride] = residual_of<T>(residual, M, layer.N);
+  const int64_t width_out = layer.width_out();
   at::Tensor y = at::empty({M, width_out}, x.options());
   if (M == 0) {
     return y;
   }
   const T* X = x.const_data_ptr<T>();
-  const int8_t* W = blocks.const_data_ptr<int8_t>();
-  const int32_t* S = correction.const_data_ptr<int32_t>();
-  const float* WS = weight_scale.const_data_ptr<float>();
-  const float* B = bias.const_data_ptr<float>();
   T* Y = y.mutable_data_ptr<T>();
-  const int64_t x_stride = x.stride(0), mblk = (M + kInt8Rows - 1) / kInt8Rows;
+  const int64_t x_stride = x.stride(0), mblk = (M + kInt8Rows - 1) / kInt8Rows, nblk = layer.nblk;
   // Blocks in row-major order, so that a thread's consecutive blocks share rows of x (quantized once).
   at::parallel_for(0, mblk * nblk, 1, [&](int64_t begin, int64_t end) {
-    Scratch panel(kInt8Rows * K4);
-    Scratch wide(K4 * static_cast<int64_t>(sizeof(float)));
-    Scratch tile(kInt8Rows * kInt8Cols * static_cast<int64_t>(sizeof(int32_t)));
-    float scales[kInt8Rows];
-    int32_t zero_points[kInt8Rows];
-    int32_t* C = tile.as<int32_t>();
+    RowBlock block(layer.K4);
     int64_t quantized = -1;
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t mi = b / nblk, ni = b % nblk, m0 = mi * kInt8Rows, n0 = ni * kInt8Cols;
-      const int64_t rows = std::min(kInt8Rows, M - m0);
+      const int64_t mi = b / nblk, m0 = mi * kInt8Rows, rows = std::min(kInt8Rows, M - m0);
       if (mi != quantized) {
-        quantize_rows(X + m0 * x_stride, x_stride, rows, K, K4, rotate, panel.as<uint8_t>(), scales, zero_points,
-                      wide.as<float>());
+        block.quantize(layer, X + m0 * x_stride, x_stride, rows);
         quantized = mi;
       }
-      const int64_t cols = std::min(kInt8Cols, N - n0);
-      if (res) {  // the tile's residual, read from memory, arrives while the products run
-        for (int64_t r = 0; r < rows; ++r) {
-          const char* line = reinterpret_cast<const char*>(res + (m0 + r) * res_stride + n0);
-          for (int64_t offset = 0; offset < cols * static_cast<int64_t>(sizeof(T)); offset += 64) {
-            __builtin_prefetch(line + offset);
-          }
-        }
+      int8_tile(layer, b % nblk, block, rows, Y + m0 * width_out, width_out, res ? res + m0 * res_stride : nullptr,
+                res_stride);
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+  return y;
+}
+
+// Two int8 layers in a row, y = second(first(x)) + residual, a block of rows at a time: first's output for the block
+// (GELU or silu(gate) * up) stays in this thread's cache, rounded to T, and is quantized there for second, whose
+// rows are then finished. Each row computes what linear_int8 computes layer by layer, to the bit; only the
+// intermediate's trip through memory is gone.
+template <typename T>
+at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8Layer& second,
+                       const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "mlp_int8 takes a 2-D CPU tensor, got shape ", x.sizes());
+  const int64_t M = x.size(0), hidden = first.width_out();
+  TORCH_CHECK(x.size(1) == first.K && (first.K <= 1 || x.stride(1) == 1), "mlp_int8 takes x of ", first.K,
+              " contiguous columns, got shape ", x.sizes(), " and strides ", x.strides());
+  TORCH_CHECK(second.K == hidden && !second.gelu && !second.gated, "mlp_int8's second layer takes the first's ",
+              hidden, " columns, plain, got ", second.K);
+  const auto [res, res_stride] = residual_of<T>(residual, M, second.N);
+  at::Tensor y = at::empty({M, second.N}, x.options());
+  if (M == 0) {
+    return y;
+  }
+  const T* X = x.const_data_ptr<T>();
+  T* Y = y.mutable_data_ptr<T>();
+  // Blocks of rows, fewer than kInt8Rows where there would be fewer blocks than threads.
+  const int64_t threads = at::get_num_threads();
+  const int64_t rows_per = std::min(kInt8Rows, std::max<int64_t>(8, (M + threads - 1) / threads));
+  const int64_t mblk = (M + rows_per - 1) / rows_per, x_stride = x.stride(0);
+  at::parallel_for(0, mblk, 1, [&](int64_t begin, int64_t end) {
+    RowBlock in(first.K4), mid(second.K4);
+    Scratch between(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)));
+    T* H = between.as<T>();
+    for (int64_t mi = begin; mi < end; ++mi) {
+      const int64_t m0 = mi * rows_per, rows = std::min(rows_per, M - m0);
+      in.quantize(first, X + m0 * x_stride, x_stride, rows);
+      for (int64_t ni = 0; ni < first.nblk; ++ni) {
+        int8_tile<T>(first, ni, in, rows, H, hidden, nullptr, 0);
       }
-      at::native::cpublas::brgemm(rows, kInt8Cols, K4, K4, kInt8Cols, kInt8Cols, false, panel.as<uint8_t>(),
-                                  W + ni * K4 * kInt8Cols, C, true);
-      for (int64_t r = 0; r < rows; ++r) {
-        T* out = Y + (m0 + r) * width_out + (gated ? n0 / 2 : n0);
-        finish_row(C + r * kInt8Cols, zero_points[r], S + n0, scales[r], WS + n0, B + n0, gelu, gated,
-                   res ? res + (m0 + r) * res_stride + n0 : nullptr, cols, out);
+      mid.quantize(second, H, hidden, rows);
+      for (int64_t ni = 0; ni < second.nblk; ++ni) {
+        int8_tile(second, ni, mid, rows, Y + m0 * second.N, second.N, res ? res + m0 * res_stride : nullptr,
+                  res_stride);
       }
     }
     at::native::cpublas::brgemm_release(true);
@@ -330,6 +430,28 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::
                                   rotation);
     default:
       TORCH_CHECK(false, "linear_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
+  }
+}
+
+at::Tensor mlp_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
+                    const at::Tensor& weight_scale, const at::Tensor& bias, int64_t hidden_features,
+                    c10::string_view activation, int64_t rotation, const at::Tensor& blocks2,
+                    const at::Tensor& correction2, const at::Tensor& weight_scale2, const at::Tensor& bias2,
+                    int64_t out_features, const std::optional<at::Tensor>& residual, int64_t rotation2) {
+  TORCH_CHECK(x.dim() == 2, "mlp_int8 takes a 2-D tensor, got shape ", x.sizes());
+  const Int8Layer first =
+      int8_layer(x.size(1), blocks, correction, weight_scale, bias, hidden_features, activation, rotation);
+  const Int8Layer second = int8_layer(first.width_out(), blocks2, correction2, weight_scale2, bias2, out_features,
+                                      "none", rotation2);
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      return mlp_int8_on<float>(x, first, second, residual);
+    case at::kBFloat16:
+      return mlp_int8_on<BFloat16>(x, first, second, residual);
+    case at::kHalf:
+      return mlp_int8_on<Half>(x, first, second, residual);
+    default:
+      TORCH_CHECK(false, "mlp_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
   }
 }
 

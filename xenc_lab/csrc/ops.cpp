@@ -40,6 +40,10 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def(
       "linear_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int out_features, "
       "str activation, Tensor? residual, int rotation=0) -> Tensor");
+  m.def(
+      "mlp_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int hidden_features, "
+      "str activation, int rotation, Tensor blocks2, Tensor correction2, Tensor weight_scale2, Tensor bias2, "
+      "int out_features, Tensor? residual, int rotation2) -> Tensor");
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
   m.def(
       "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "
@@ -66,6 +70,7 @@ TORCH_LIBRARY_IMPL(xenc_lab, CPU, m) {
 #endif
 #if XENC_GEMM_INT8
   m.impl("linear_int8", &xenc_lab::linear_int8);
+  m.impl("mlp_int8", &xenc_lab::mlp_int8);
 #endif
 #if XENC_HALF_GEMM
   m.impl("linear_half", &xenc_lab::linear_half);

@@ -14,7 +14,7 @@ from ..batch import PackedBatch
 from ..choices import Choices
 from ..ops.attention import packed_attention
 from ..ops.first_token import first_token_self_attention
-from ..ops.linear import fuse_linears, linear_gelu, linear_plus
+from ..ops.linear import fuse_linears, int8_mlp, linear_gelu, linear_plus
 from .base import EncoderModel
 
 
@@ -108,6 +108,10 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor, batch: PackedBatch, choices: Choices, *extra, first_only: bool = False) -> torch.Tensor:
         attended = self.attention.self(x, batch, choices, *extra, first_only=first_only)
         x = self.attention.output(attended, x[batch.first_index] if first_only else x)
+        if type(self.intermediate.act) is GELUActivation:
+            both = int8_mlp(self.intermediate.dense, self.output.dense, x, "gelu", x)
+            if both is not None:
+                return self.output.LayerNorm(both)
         return self.output(self.intermediate(x), x)
 
 

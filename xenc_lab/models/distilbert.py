@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.activations import get_activation
+from transformers.activations import GELUActivation, get_activation
 
 from ..batch import PackedBatch
 from ..choices import Choices
 from ..ops.attention import packed_attention
 from ..ops.first_token import first_token_self_attention
-from ..ops.linear import fuse_linears, linear_plus
+from ..ops.linear import fuse_linears, int8_mlp, linear_plus
 from .base import EncoderModel
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
@@ -59,6 +59,10 @@ class FFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x + the FFN of x."""
+        if type(self.activation) is GELUActivation:
+            both = int8_mlp(self.lin1, self.lin2, x, "gelu", x)
+            if both is not None:
+                return both
         return linear_plus(self.lin2, self.activation(self.lin1(x)), x)
 
 

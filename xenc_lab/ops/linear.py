@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cpu.int8 import Int8Linear
 from ..cpu.prepacked import PrepackedLinear
 
 
@@ -42,3 +43,14 @@ def linear_gelu(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(linear, PrepackedLinear):
         return linear(x, activation="gelu")
     return torch.ops.aten.gelu_(linear(x))
+
+
+def int8_mlp(first: nn.Module, second: nn.Module, x: torch.Tensor, activation: str,
+             residual: torch.Tensor) -> torch.Tensor | None:
+    """second(``activation`` of first(x)) + residual in one kernel call, a block of rows at a time, where both are
+    int8 layers on the kernel route (``cpu.int8.Int8Linear.then``): the intermediate never leaves the cache. None
+    elsewhere, and under torch.compile, where the layers run one at a time."""
+    if (isinstance(first, Int8Linear) and isinstance(second, Int8Linear) and first.route == second.route == "kernel"
+            and not torch.compiler.is_compiling()):
+        return first.then(second, x, activation, residual)
+    return None
