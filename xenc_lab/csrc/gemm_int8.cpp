@@ -9,6 +9,8 @@
 //   exact: sum_k (u[m, k] - z[m]) W[n, k].
 // - Epilogue on each row of an output tile while it is in cache, in one pass: sum * (s[m] * scale_w[n]) + bias[n]
 //   in fp32, then GELU or the residual, rounded once to x's type (float32, bfloat16 or float16).
+// mlp_int8 runs two such layers in a row (an encoder's FFN) a block of rows at a time: the first's output for the
+// block stays in cache and is quantized there for the second, to the bit what two linear_int8 calls compute.
 // W^T is packed once at load as blocks (N / kInt8Cols, K4 / 4, kInt8Cols, 4) of int8 (K4: K rounded up to 4, the
 // VNNI layout: 4 consecutive k of one column side by side), zero-padded. A row's result depends on that row alone.
 
