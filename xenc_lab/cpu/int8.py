@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .native import available, once, reason
-from .prepacked import PrepackedLinear
+from .prepacked import PrepackedLinear, rows_of
 
 logger = logging.getLogger("xenc_lab")
 
@@ -265,11 +265,7 @@ class Int8Linear(PrepackedLinear):
         if self.gated != (activation == "silu_mul"):
             raise ValueError("a gated int8 layer runs as silu_mul only, and silu_mul runs on gated layers only; "
                              f"got activation {activation!r} on a {'gated' if self.gated else 'plain'} layer")
-        rows = self._rows_of(x)
-        if residual is not None:
-            residual = residual.reshape(-1, self.out_features)
-            if residual.stride(-1) != 1:
-                residual = residual.contiguous()
+        rows, residual = self._rows_of(x), rows_of(residual, self.out_features)
         if self.route == "kernel":
             y = torch.ops.xenc_lab.linear_int8(rows, self.packed, self._correction, self._scale, self._bias,
                                                self.out_features, activation, residual, self.rotation)
@@ -285,11 +281,7 @@ class Int8Linear(PrepackedLinear):
                 2 if self.gated else 1) and self.gated == (activation == "silu_mul") and not second.gated):
             raise ValueError(f"then() takes two kernel-route int8 layers whose widths chain, a plain second, and the "
                              f"first's own activation; got {self!r}, {second!r}, activation {activation!r}")
-        rows = self._rows_of(x)
-        if residual is not None:
-            residual = residual.reshape(-1, second.out_features)
-            if residual.stride(-1) != 1:
-                residual = residual.contiguous()
+        rows, residual = self._rows_of(x), rows_of(residual, second.out_features)
         y = torch.ops.xenc_lab.mlp_int8(rows, self.packed, self._correction, self._scale, self._bias, self.out_features,
                                         activation, self.rotation, second.packed, second._correction, second._scale,
                                         second._bias, second.out_features, residual, second.rotation)

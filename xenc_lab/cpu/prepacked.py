@@ -21,6 +21,14 @@ from .kernels import (
 )
 
 
+def rows_of(t: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    """t (or None) as (M, width) rows with contiguous columns, as xenc_lab's GEMMs take inputs and residuals."""
+    if t is None:
+        return None
+    rows = t.reshape(-1, width)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 class PrepackedLinear(nn.Module):
     """A Linear whose weight is packed once, at load, for the CPU GEMM that runs it (float32 and bfloat16, and
     float16 where oneDNN has no float16 GEMM). ``weight`` and ``bias`` stay as they were.
@@ -103,8 +111,7 @@ class PrepackedLinear(nn.Module):
 
     def _rows_of(self, x: torch.Tensor) -> torch.Tensor:
         """x as (M, in_features) rows with contiguous columns, as xenc_lab's GEMMs take them."""
-        rows = x.reshape(-1, self.in_features)
-        return rows if rows.stride(-1) == 1 else rows.contiguous()
+        return rows_of(x, self.in_features)
 
     def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
         if residual is not None and activation != "none":
@@ -115,11 +122,7 @@ class PrepackedLinear(nn.Module):
             y = linear_f32_cpu(self._rows_of(x), *self._gelu_blocks, self.out_features, "gelu")
             return y.view(*x.shape[:-1], self.out_features)
         if self.fused:  # xenc_lab's GEMMs
-            rows = self._rows_of(x)
-            if residual is not None:
-                residual = residual.reshape(-1, self.out_features)
-                if residual.stride(-1) != 1:
-                    residual = residual.contiguous()
+            rows, residual = self._rows_of(x), rows_of(residual, self.out_features)
             if self.gemm == "fp16":
                 y = linear_half_cpu(rows, self.packed, self._exponent, self._bias, self.out_features, activation, residual)
             else:
