@@ -51,8 +51,9 @@ BOUNDS = {
     "real": (0.993, 0.99, 0.95, 0.90, 0.10),
     "tiny": (0.93, 0.85, 0.78, 0.75, 0.50),
 }
-# One tiny model per encoder code path: BERT-like (RoBERTa's positions), ModernBERT, DeBERTa's own attention.
-ENCODERS = [REAL, "roberta", "modernbert-cls", "deberta-v3"]
+# One tiny model per encoder code path: BERT-like (RoBERTa's positions), ModernBERT, DeBERTa's own attention,
+# DistilBERT's own layers.
+ENCODERS = [REAL, "roberta", "modernbert-cls", "deberta-v3", "distilbert"]
 # The real weights in every dtype; the tiny models in the last one (bfloat16 where the CPU has bf16 units).
 CASES = [(REAL, d) for d in DTYPES] + [(arch, DTYPES[-1]) for arch in ENCODERS[1:]]
 
