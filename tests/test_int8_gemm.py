@@ -15,6 +15,7 @@ from xenc_lab.cpu.int8 import (
     gated_order,
     hadamard_rows,
     int8_kernel_available,
+    int8_mlp_available,
     quantize_rows,
     quantize_weight,
 )
@@ -209,6 +210,12 @@ def test_two_int8_layers_run_together_compute_what_they_compute_one_at_a_time_to
     got = first.then(second, x, activation, residual)
     assert want.std() > 0 and torch.equal(got, want)
     assert torch.equal(first.then(second, x[:0], activation, residual[:0]), want[:0])
+
+
+@needs_kernel
+def test_the_two_layer_call_passes_its_check_where_the_kernel_runs():
+    """A failed check runs the layers one at a time, which would hide a broken two-layer call: not where it runs."""
+    assert int8_mlp_available()
 
 
 @needs_kernel

@@ -174,6 +174,38 @@ def _int8_check() -> bool:
     return True
 
 
+@torch.compiler.assume_constant_result
+def int8_mlp_available() -> bool:
+    """Whether ``mlp_int8`` (two int8 layers a block of rows at a time, ``Int8Linear.then``) runs here and computes
+    what two ``linear_int8`` calls compute, to the bit: checked once per process on a small problem (partial blocks,
+    a rotated first layer, GELU then a residual, float32 and bfloat16). Where it does not, the layers run one at a
+    time."""
+    return int8_kernel_available() and once("int8 mlp", _int8_mlp_check)
+
+
+def _int8_mlp_check() -> bool:
+    g = torch.Generator().manual_seed(1)
+    x, up, down = (torch.randn(*shape, generator=g) for shape in ((100, 2 * ROTATION), (200, 2 * ROTATION), (90, 200)))
+    up_q, up_scale = quantize_weight(hadamard_rows(up))
+    first = (*int8_blocks(up_q, up_scale / ROTATION, torch.randn(200, generator=g)), 200, "gelu", ROTATION)
+    down_q, down_scale = quantize_weight(down)
+    second = (*int8_blocks(down_q, down_scale, torch.randn(90, generator=g)), 90)
+    for dtype in (torch.float32, torch.bfloat16):
+        xd, residual = x.to(dtype), torch.randn(100, 90, generator=g).to(dtype)
+        try:
+            want = torch.ops.xenc_lab.linear_int8(torch.ops.xenc_lab.linear_int8(xd, *first[:-1], None, ROTATION),
+                                                  *second, "none", residual, 0)
+            got = torch.ops.xenc_lab.mlp_int8(xd, *first, *second, residual, 0)
+        except RuntimeError as e:
+            logger.info("xenc_lab's two-layer int8 call does not run here (%s); one layer at a time", reason(e))
+            return False
+        if not torch.equal(got, want):
+            logger.info("xenc_lab's two-layer int8 call is off by %.3g here (%s); one layer at a time",
+                        (got.float() - want.float()).abs().max().item(), dtype)
+            return False
+    return True
+
+
 def _kernel_agrees(case: str, want: torch.Tensor, room: torch.Tensor, *args) -> bool:
     """Whether ``linear_int8(*args)`` runs here and lands within ``room`` of ``want`` (the torch route's result)."""
     try:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cpu.int8 import Int8Linear
+from ..cpu.int8 import Int8Linear, int8_mlp_available
 from ..cpu.prepacked import PrepackedLinear
 
 
@@ -49,8 +49,9 @@ def int8_mlp(first: nn.Module, second: nn.Module, x: torch.Tensor, activation: s
              residual: torch.Tensor) -> torch.Tensor | None:
     """second(``activation`` of first(x)) + residual in one kernel call, a block of rows at a time, where both are
     int8 layers on the kernel route (``cpu.int8.Int8Linear.then``): the intermediate never leaves the cache. None
-    elsewhere, and under torch.compile, where the layers run one at a time."""
+    elsewhere, under torch.compile, and where the two-layer call failed its check (``cpu.int8.int8_mlp_available``):
+    the layers then run one at a time."""
     if (isinstance(first, Int8Linear) and isinstance(second, Int8Linear) and first.route == second.route == "kernel"
-            and not torch.compiler.is_compiling()):
+            and not torch.compiler.is_compiling() and int8_mlp_available()):
         return first.then(second, x, activation, residual)
     return None
