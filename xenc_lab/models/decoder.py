@@ -91,9 +91,9 @@ def check_full_attention(config) -> None:
 
 
 def plus(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + linear(x): in float32 the add inside the GEMM where the layer is prepacked (the same sum to the
-    bit, one pass less); in 16 bits rounded twice, product then sum, as transformers rounds them, but in an int8
-    layer, which keeps no parity to round for and adds inside its GEMM (one rounding, one pass less)."""
+    """residual + linear(x). In float32 the add runs inside the GEMM where the layer is prepacked (the same sum to
+    the bit, one pass less), and so it does in an int8 layer (rounded once: int8 keeps no parity to round for);
+    otherwise, in 16 bits, the product and then the sum are rounded, as transformers rounds them."""
     if x.dtype == torch.float32 or getattr(linear, "gemm", None) == "int8":
         return linear_plus(linear, x, residual)
     return linear(x) + residual
