@@ -180,7 +180,7 @@ def int8_mlp_available() -> bool:
     what two ``linear_int8`` calls compute, to the bit: checked once per process on a small problem (partial blocks,
     a rotated first layer, GELU then a residual, float32 and bfloat16). Where it does not, the layers run one at a
     time."""
-    return int8_kernel_available() and once("int8 mlp", _int8_mlp_check)
+    return once("int8 mlp", lambda: int8_kernel_available() and _int8_mlp_check())  # a lookup after the first call
 
 
 def _int8_mlp_check() -> bool:
