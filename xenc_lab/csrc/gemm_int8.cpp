@@ -307,6 +307,19 @@ struct RowBlock {
   }
 };
 
+// M rows cut into blocks of at most kInt8Rows, as many blocks per thread, their sizes within one row of each other:
+// at::parallel_for then gives each thread the same work (M = 4096 in blocks of 96 left one thread a block more, and
+// the other waiting). Blocks of at least 8 rows where M allows, each of which reads all of a layer's weights.
+struct RowBlocks {
+  int64_t M, count;
+  RowBlocks(int64_t rows, int64_t threads) : M(rows) {
+    const int64_t per_thread = (rows + threads * kInt8Rows - 1) / (threads * kInt8Rows);
+    count = std::max<int64_t>(1, std::min(threads * per_thread, (rows + 7) / 8));
+  }
+  int64_t start(int64_t i) const { return i * M / count; }
+  int64_t rows(int64_t i) const { return start(i + 1) - start(i); }
+};
+
 // Column block ni of `layer` on the quantized rows of `block`: the products, then the epilogue into `out` (row stride
 // out_stride; its column ni * kInt8Cols, or half that for a gated layer), with the residual `res` (row stride
 // res_stride) added where given.
@@ -351,13 +364,14 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   }
   const T* X = x.const_data_ptr<T>();
   T* Y = y.mutable_data_ptr<T>();
-  const int64_t x_stride = x.stride(0), mblk = (M + kInt8Rows - 1) / kInt8Rows, nblk = layer.nblk;
-  // Blocks in row-major order, so that a thread's consecutive blocks share rows of x (quantized once).
-  at::parallel_for(0, mblk * nblk, 1, [&](int64_t begin, int64_t end) {
+  const RowBlocks blocks_of_rows(M, at::get_num_threads());
+  const int64_t x_stride = x.stride(0), nblk = layer.nblk;
+  // Tiles in row-major order, so that a thread's consecutive tiles share rows of x (quantized once).
+  at::parallel_for(0, blocks_of_rows.count * nblk, 1, [&](int64_t begin, int64_t end) {
     RowBlock block(layer.K4);
     int64_t quantized = -1;
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t mi = b / nblk, m0 = mi * kInt8Rows, rows = std::min(kInt8Rows, M - m0);
+      const int64_t mi = b / nblk, m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
       if (mi != quantized) {
         block.quantize(layer, X + m0 * x_stride, x_stride, rows);
         quantized = mi;
@@ -390,16 +404,14 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
   }
   const T* X = x.const_data_ptr<T>();
   T* Y = y.mutable_data_ptr<T>();
-  // Blocks of rows, fewer than kInt8Rows where there would be fewer blocks than threads.
-  const int64_t threads = at::get_num_threads();
-  const int64_t rows_per = std::min(kInt8Rows, std::max<int64_t>(8, (M + threads - 1) / threads));
-  const int64_t mblk = (M + rows_per - 1) / rows_per, x_stride = x.stride(0);
-  at::parallel_for(0, mblk, 1, [&](int64_t begin, int64_t end) {
+  const RowBlocks blocks_of_rows(M, at::get_num_threads());
+  const int64_t x_stride = x.stride(0);
+  at::parallel_for(0, blocks_of_rows.count, 1, [&](int64_t begin, int64_t end) {
     RowBlock in(first.K4), mid(second.K4);
     Scratch between(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)));
     T* H = between.as<T>();
     for (int64_t mi = begin; mi < end; ++mi) {
-      const int64_t m0 = mi * rows_per, rows = std::min(rows_per, M - m0);
+      const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
       in.quantize(first, X + m0 * x_stride, x_stride, rows);
       for (int64_t ni = 0; ni < first.nblk; ++ni) {
         int8_tile<T>(first, ni, in, rows, H, hidden, nullptr, 0);
