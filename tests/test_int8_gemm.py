@@ -16,6 +16,7 @@ from xenc_lab.cpu.int8 import (
     hadamard_rows,
     int8_kernel_available,
     int8_mlp_available,
+    int8_norm_available,
     quantize_rows,
     quantize_weight,
 )
@@ -219,6 +220,42 @@ def test_the_two_layer_call_passes_its_check_where_the_kernel_runs():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, width, hidden", [(1, 64, 64), (7, 128, 200), (230, 384, 512), (97, 72, 130)])
+def test_int8_calls_ending_in_a_layer_norm_compute_the_layer_norm_op_of_their_output_to_the_bit(
+        dtype, rows, width, hidden):
+    rotate = width % ROTATION == 0
+    first = Int8Linear(_layer(hidden, width, seed=5), "kernel", rotate=rotate)
+    second = Int8Linear(_layer(width, hidden, seed=6), "kernel", rotate=hidden % ROTATION == 0)
+    norm = nn.LayerNorm(width).to(dtype).requires_grad_(False)
+    torch.manual_seed(7)
+    nn.init.normal_(norm.weight), nn.init.normal_(norm.bias)
+    x, residual = (3 * torch.randn(rows, width)).to(dtype), torch.randn(rows, width).to(dtype)
+    hidden_x = (3 * torch.randn(rows, hidden)).to(dtype)
+    for got, before in [(first.then(second, x, "gelu", residual, norm), first.then(second, x, "gelu", residual)),
+                        (second._gemm(hidden_x, "none", residual, norm), second._gemm(hidden_x, "none", residual))]:
+        want = torch.ops.xenc_lab.layer_norm(before, norm.weight, norm.bias, norm.eps)
+        assert want.float().std() > 0.5 and torch.equal(got, want)
+    assert first.then(second, x[:0], "gelu", residual[:0], norm).shape == (0, width)
+
+
+@needs_kernel
+def test_the_calls_ending_in_a_norm_pass_their_check_where_the_kernel_runs():
+    """A failed check runs the norms after the calls, which would hide a broken fused norm: not where it runs."""
+    assert int8_norm_available()
+
+
+def test_a_check_that_asks_for_another_checks_answer_first_does_not_wait_on_itself():
+    """The norm's check asks for the two-layer call's, which asks for the kernel's: in a fresh process, nested."""
+    import subprocess
+    import sys
+
+    code = "from xenc_lab.cpu.int8 import int8_norm_available as a, int8_kernel_available as k; print(a() == k())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "True", run.stderr[-2000:]
+
+
+@needs_kernel
 def test_then_refuses_layers_that_do_not_chain():
     first, second = Int8Linear(_layer(96, 64), "kernel"), Int8Linear(_layer(64, 80), "kernel")
     with pytest.raises(ValueError, match="chain"):
@@ -243,6 +280,31 @@ def test_an_int8_encoder_runs_each_ffn_as_one_kernel_call_and_scores_as_with_two
     monkeypatch.setattr(bert, "int8_mlp", lambda *args: None)
     apart = torch.tensor(scorer.predict(pairs, show_progress_bar=False))
     assert together.std() > 0.1 and torch.equal(together, apart)
+
+
+@needs_kernel
+@pytest.mark.parametrize("model", ["minilm", "distilbert"])
+def test_an_int8_encoders_layer_norms_run_inside_its_calls_and_score_as_after_them(model, monkeypatch, tmp_path):
+    from xenc_lab import Scorer
+    from xenc_lab.cpu.norm import RowLayerNorm
+    from xenc_lab.ops import linear
+    from xenc_lab.zoo import minilm_cross_encoder
+    from xenc_lab.zoo.encoders import build_model
+
+    path = minilm_cross_encoder() if model == "minilm" else build_model("distilbert", tmp_path)
+    pairs = [("how do caches work", "a cache keeps " + "recent results " * (i + 1)) for i in range(20)]
+    scorer = Scorer(path, device="cpu", dtype="bfloat16", quantization="int8")
+    calls = []
+    forward = RowLayerNorm.forward
+    monkeypatch.setattr(RowLayerNorm, "forward", lambda self, x: calls.append(self) or forward(self, x))
+    inside = torch.tensor(scorer.predict(pairs, show_progress_bar=False))
+    run_by_torch = len(calls)
+    monkeypatch.setattr(linear, "kernel_norm", lambda norm, x: False)
+    calls.clear()
+    after = torch.tensor(scorer.predict(pairs, show_progress_bar=False))
+    # the embeddings' norm and the last layer's two (on one row per pair) run alone; every other layer's two inside
+    assert run_by_torch == 3 and len(calls) > run_by_torch
+    assert inside.std() > 0.1 and torch.equal(inside, after)
 
 
 def test_hadamard_rows_multiply_each_block_by_the_sylvester_matrix():

@@ -183,6 +183,45 @@ def int8_mlp_available() -> bool:
     return once("int8 mlp", lambda: int8_kernel_available() and _int8_mlp_check())  # a lookup after the first call
 
 
+def int8_norm_available() -> bool:
+    """Whether the int8 kernel's calls can end in a LayerNorm (``Int8Linear._gemm`` and ``then`` with ``norm``) and
+    compute what the layer_norm op computes on their output, to the bit: checked once per process in bfloat16 and
+    float16, the dtypes whose LayerNorm is that op (``cpu.norm.RowLayerNorm``). Where not, the norm runs after."""
+    return once("int8 norm", lambda: int8_mlp_available() and _int8_norm_check())
+
+
+def _norm_args(norm: nn.LayerNorm | None) -> tuple:
+    return () if norm is None else (norm.weight, norm.bias, float(norm.eps))
+
+
+def _int8_norm_check() -> bool:
+    g = torch.Generator().manual_seed(2)
+    x, up, down = (torch.randn(*shape, generator=g) for shape in ((100, ROTATION), (200, ROTATION), (90, 200)))
+    up_q, up_scale = quantize_weight(hadamard_rows(up))
+    first = (*int8_blocks(up_q, up_scale / ROTATION, torch.randn(200, generator=g)), 200, "gelu", ROTATION)
+    down_q, down_scale = quantize_weight(down)
+    second = (*int8_blocks(down_q, down_scale, torch.randn(90, generator=g)), 90)
+    for dtype in (torch.bfloat16, torch.float16):
+        xd, residual = x.to(dtype), torch.randn(100, 90, generator=g).to(dtype)
+        norm = tuple(torch.randn(90, generator=g).to(dtype) for _ in range(2)) + (1e-5,)
+        try:
+            plain = torch.ops.xenc_lab.mlp_int8(xd, *first, *second, residual, 0)
+            pairs = [(torch.ops.xenc_lab.mlp_int8(xd, *first, *second, residual, 0, *norm), plain)]
+            hidden = torch.ops.xenc_lab.linear_int8(xd, *first[:-1], None, ROTATION)
+            plain = torch.ops.xenc_lab.linear_int8(hidden, *second, "none", residual, 0)
+            pairs.append((torch.ops.xenc_lab.linear_int8(hidden, *second, "none", residual, 0, *norm), plain))
+            for got, before in pairs:
+                if not torch.equal(got, torch.ops.xenc_lab.layer_norm(before, *norm)):
+                    logger.info("xenc_lab's int8 calls ending in a LayerNorm are off here (%s); the norm runs after",
+                                dtype)
+                    return False
+        except RuntimeError as e:
+            logger.info("xenc_lab's int8 calls ending in a LayerNorm do not run here (%s); the norm runs after",
+                        reason(e))
+            return False
+    return True
+
+
 def _int8_mlp_check() -> bool:
     g = torch.Generator().manual_seed(1)
     x, up, down = (torch.randn(*shape, generator=g) for shape in ((100, 2 * ROTATION), (200, 2 * ROTATION), (90, 200)))
@@ -291,7 +330,10 @@ class Int8Linear(PrepackedLinear):
             self._rows[start, stop] = part
         return self._rows[start, stop]
 
-    def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def _gemm(self, x: torch.Tensor, activation: str, residual: torch.Tensor | None = None,
+              norm: nn.LayerNorm | None = None) -> torch.Tensor:
+        """The layer's product with its activation or residual; with ``norm``, that LayerNorm of it (on the kernel
+        route inside the call, each block of rows normed while in cache: ``int8_norm_available``)."""
         if residual is not None and activation != "none":
             raise ValueError(f"a residual is added to the plain product only, not after {activation!r}")
         if self.gated != (activation == "silu_mul"):
@@ -300,15 +342,19 @@ class Int8Linear(PrepackedLinear):
         rows, residual = self._rows_of(x), rows_of(residual, self.out_features)
         if self.route == "kernel":
             y = torch.ops.xenc_lab.linear_int8(rows, self.packed, self._correction, self._scale, self._bias,
-                                               self.out_features, activation, residual, self.rotation)
+                                               self.out_features, activation, residual, self.rotation,
+                                               *_norm_args(norm))
         else:
             y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual, self.rotation)
+            y = y if norm is None else norm(y)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def then(self, second: Int8Linear, x: torch.Tensor, activation: str, residual: torch.Tensor | None) -> torch.Tensor:
+    def then(self, second: Int8Linear, x: torch.Tensor, activation: str, residual: torch.Tensor | None,
+             norm: nn.LayerNorm | None = None) -> torch.Tensor:
         """second(this layer's ``activation`` of x) + residual, a block of rows at a time (``mlp_int8``): the
         intermediate stays in cache, where two calls would write it out and read it back. Each row is what the two
-        calls compute, to the bit. Both layers must run on the kernel route."""
+        calls compute, to the bit. Both layers must run on the kernel route. With ``norm``, its LayerNorm of that,
+        each block of rows normed while in cache (``int8_norm_available``)."""
         if not (self.route == second.route == "kernel" and second.in_features == self.out_features // (
                 2 if self.gated else 1) and self.gated == (activation == "silu_mul") and not second.gated):
             raise ValueError(f"then() takes two kernel-route int8 layers whose widths chain, a plain second, and the "
@@ -316,7 +362,8 @@ class Int8Linear(PrepackedLinear):
         rows, residual = self._rows_of(x), rows_of(residual, second.out_features)
         y = torch.ops.xenc_lab.mlp_int8(rows, self.packed, self._correction, self._scale, self._bias, self.out_features,
                                         activation, self.rotation, second.packed, second._correction, second._scale,
-                                        second._bias, second.out_features, residual, second.rotation)
+                                        second._bias, second.out_features, residual, second.rotation,
+                                        *_norm_args(norm))
         return y.view(*x.shape[:-1], second.out_features)
 
     def extra_repr(self) -> str:

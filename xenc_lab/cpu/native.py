@@ -33,7 +33,7 @@ _SOURCES = [
 ]
 _NAME = "xenc_lab_kernels"
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a check may ask for another check's answer
 # Answers found once per process: "loaded" (the extension's ops are in torch.ops.xenc_lab), and the self-checks'.
 _answers: dict[object, bool] = {}
 

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "gemm.h"
+#include "norm.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -320,6 +321,34 @@ struct RowBlocks {
   int64_t rows(int64_t i) const { return start(i + 1) - start(i); }
 };
 
+// The LayerNorm a layer ends in, where given (norm_weight and norm_bias of x's type, out_features each): checked.
+template <typename T>
+std::optional<NormAffine> norm_of(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                  int64_t N, double eps) {
+  TORCH_CHECK(weight.has_value() == bias.has_value(), "int8 layers end in a LayerNorm with both weight and bias, or none");
+  if (!weight.has_value()) {
+    return std::nullopt;
+  }
+  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
+  for (const at::Tensor* t : {&*weight, &*bias}) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == N && t->is_contiguous() && t->scalar_type() == dtype,
+                "the LayerNorm's weight and bias must be contiguous (", N, ",) ", dtype, " tensors, got ",
+                t->scalar_type(), " ", t->sizes());
+  }
+  return std::optional<NormAffine>(std::in_place, weight->const_data_ptr<T>(), bias->const_data_ptr<T>(), N,
+                                   static_cast<float>(eps));
+}
+
+// LayerNorm in place on `rows` finished rows of y (row stride y_stride), as the layer_norm op computes it, while they
+// are in cache; `buffer` holds kNormRows x norm.width floats.
+template <typename T>
+void normalize_block(const NormAffine& norm, T* y, int64_t y_stride, int64_t rows, float* buffer) {
+  for (int64_t r = 0; r < rows; r += kNormRows) {
+    layer_norm_group(y + r * y_stride, y_stride, norm, y + r * y_stride, y_stride, std::min(kNormRows, rows - r),
+                     buffer);
+  }
+}
+
 // Column block ni of `layer` on the quantized rows of `block`: the products, then the epilogue into `out` (row stride
 // out_stride; its column ni * kInt8Cols, or half that for a gated layer), with the residual `res` (row stride
 // res_stride) added where given.
@@ -349,7 +378,9 @@ void int8_tile(const Int8Layer& layer, int64_t ni, RowBlock& block, int64_t rows
 template <typename T>
 at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                           const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                          c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
+                          c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation,
+                          const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                          double norm_eps) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_int8 takes a 2-D CPU tensor, got shape ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K <= 1 || x.stride(1) == 1, "linear_int8 needs contiguous columns, got strides ", x.strides());
@@ -358,6 +389,7 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
               "linear_int8 adds a residual to the plain product only");
   const auto [res, res_stride] = residual_of<T>(residual, M, layer.N);
   const int64_t width_out = layer.width_out();
+  const std::optional<NormAffine> norm = norm_of<T>(norm_weight, norm_bias, width_out, norm_eps);
   at::Tensor y = at::empty({M, width_out}, x.options());
   if (M == 0) {
     return y;
@@ -366,6 +398,23 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   T* Y = y.mutable_data_ptr<T>();
   const RowBlocks blocks_of_rows(M, at::get_num_threads());
   const int64_t x_stride = x.stride(0), nblk = layer.nblk;
+  if (norm) {  // a block of rows per thread at a time: all its columns, then its LayerNorm, while it is in cache
+    at::parallel_for(0, blocks_of_rows.count, 1, [&](int64_t begin, int64_t end) {
+      RowBlock block(layer.K4);
+      Scratch buffer(kNormRows * norm->width * static_cast<int64_t>(sizeof(float)));
+      for (int64_t mi = begin; mi < end; ++mi) {
+        const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
+        block.quantize(layer, X + m0 * x_stride, x_stride, rows);
+        for (int64_t ni = 0; ni < nblk; ++ni) {
+          int8_tile(layer, ni, block, rows, Y + m0 * width_out, width_out, res ? res + m0 * res_stride : nullptr,
+                    res_stride);
+        }
+        normalize_block(*norm, Y + m0 * width_out, width_out, rows, buffer.as<float>());
+      }
+      at::native::cpublas::brgemm_release(true);
+    });
+    return y;
+  }
   // Tiles in row-major order, so that a thread's consecutive tiles share rows of x (quantized once).
   at::parallel_for(0, blocks_of_rows.count * nblk, 1, [&](int64_t begin, int64_t end) {
     RowBlock block(layer.K4);
@@ -390,7 +439,8 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
 // intermediate's trip through memory is gone.
 template <typename T>
 at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8Layer& second,
-                       const std::optional<at::Tensor>& residual) {
+                       const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+                       const std::optional<at::Tensor>& norm_bias, double norm_eps) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "mlp_int8 takes a 2-D CPU tensor, got shape ", x.sizes());
   const int64_t M = x.size(0), hidden = first.width_out();
   TORCH_CHECK(x.size(1) == first.K && (first.K <= 1 || x.stride(1) == 1), "mlp_int8 takes x of ", first.K,
@@ -398,6 +448,7 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
   TORCH_CHECK(second.K == hidden && !second.gelu && !second.gated, "mlp_int8's second layer takes the first's ",
               hidden, " columns, plain, got ", second.K);
   const auto [res, res_stride] = residual_of<T>(residual, M, second.N);
+  const std::optional<NormAffine> norm = norm_of<T>(norm_weight, norm_bias, second.N, norm_eps);
   at::Tensor y = at::empty({M, second.N}, x.options());
   if (M == 0) {
     return y;
@@ -409,6 +460,7 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
   at::parallel_for(0, blocks_of_rows.count, 1, [&](int64_t begin, int64_t end) {
     RowBlock in(first.K4), mid(second.K4);
     Scratch between(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)));
+    Scratch buffer(norm ? kNormRows * norm->width * static_cast<int64_t>(sizeof(float)) : 0);
     T* H = between.as<T>();
     for (int64_t mi = begin; mi < end; ++mi) {
       const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
@@ -421,6 +473,9 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
         int8_tile(second, ni, mid, rows, Y + m0 * second.N, second.N, res ? res + m0 * res_stride : nullptr,
                   res_stride);
       }
+      if (norm) {
+        normalize_block(*norm, Y + m0 * second.N, second.N, rows, buffer.as<float>());
+      }
     }
     at::native::cpublas::brgemm_release(true);
   });
@@ -431,17 +486,19 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                        const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation) {
+                       c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation,
+                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                       double norm_eps) {
   switch (x.scalar_type()) {
     case at::kFloat:
       return linear_int8_on<float>(x, blocks, correction, weight_scale, bias, out_features, activation, residual,
-                                   rotation);
+                                   rotation, norm_weight, norm_bias, norm_eps);
     case at::kBFloat16:
       return linear_int8_on<BFloat16>(x, blocks, correction, weight_scale, bias, out_features, activation, residual,
-                                      rotation);
+                                      rotation, norm_weight, norm_bias, norm_eps);
     case at::kHalf:
       return linear_int8_on<Half>(x, blocks, correction, weight_scale, bias, out_features, activation, residual,
-                                  rotation);
+                                  rotation, norm_weight, norm_bias, norm_eps);
     default:
       TORCH_CHECK(false, "linear_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
   }
@@ -451,7 +508,9 @@ at::Tensor mlp_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Ten
                     const at::Tensor& weight_scale, const at::Tensor& bias, int64_t hidden_features,
                     c10::string_view activation, int64_t rotation, const at::Tensor& blocks2,
                     const at::Tensor& correction2, const at::Tensor& weight_scale2, const at::Tensor& bias2,
-                    int64_t out_features, const std::optional<at::Tensor>& residual, int64_t rotation2) {
+                    int64_t out_features, const std::optional<at::Tensor>& residual, int64_t rotation2,
+                    const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                    double norm_eps) {
   TORCH_CHECK(x.dim() == 2, "mlp_int8 takes a 2-D tensor, got shape ", x.sizes());
   const Int8Layer first =
       int8_layer(x.size(1), blocks, correction, weight_scale, bias, hidden_features, activation, rotation);
@@ -459,11 +518,11 @@ at::Tensor mlp_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Ten
                                       "none", rotation2);
   switch (x.scalar_type()) {
     case at::kFloat:
-      return mlp_int8_on<float>(x, first, second, residual);
+      return mlp_int8_on<float>(x, first, second, residual, norm_weight, norm_bias, norm_eps);
     case at::kBFloat16:
-      return mlp_int8_on<BFloat16>(x, first, second, residual);
+      return mlp_int8_on<BFloat16>(x, first, second, residual, norm_weight, norm_bias, norm_eps);
     case at::kHalf:
-      return mlp_int8_on<Half>(x, first, second, residual);
+      return mlp_int8_on<Half>(x, first, second, residual, norm_weight, norm_bias, norm_eps);
     default:
       TORCH_CHECK(false, "mlp_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
   }

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "checks.h"
+#include "norm.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -22,64 +23,19 @@ namespace {
 template <typename T>
 void layer_norm_rows(const T* x, int64_t x_stride, const T* weight, const T* bias, T* y, int64_t rows, int64_t d,
                      float eps) {
-  const int64_t width = round_up(d, 16);
-  Scratch affine(2 * width * static_cast<int64_t>(sizeof(float)));  // weight and bias widened once, zero-padded
-  float* w = affine.as<float>();
-  float* b = w + width;
-  for (int64_t c = 0; c < width; c += 16) {
-    const int64_t n = std::clamp<int64_t>(d - c, 0, 16);
-    store(w + c, weight ? load_first(weight + c, n) : keep_lanes(splat(1.f), lane_range(0, n), 0.f));
-    store(b + c, bias ? load_first(bias + c, n) : zeros());
-  }
-  // Rows in groups of kNormRows, each pass over all of the group's rows before the next pass: a row's passes
-  // depend on each other through its sums (two horizontal reductions and a square root), the rows do not, so
-  // the core overlaps one row's reductions with the next row's pass instead of waiting on them. The next group's
-  // rows are prefetched meanwhile: a row just written by a GEMM is loaded from L2 or L3.
-  constexpr int64_t kNormRows = 4;
+  const NormAffine norm(weight, bias, d, eps);
+  // Rows in groups of kNormRows (norm.h); the next group's rows are prefetched meanwhile: a row just written by a
+  // GEMM is loaded from L2 or L3.
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    Scratch row_buffer(kNormRows * width * static_cast<int64_t>(sizeof(float)));
-    const float inv_d = 1.f / static_cast<float>(d);
+    Scratch row_buffer(kNormRows * norm.width * static_cast<int64_t>(sizeof(float)));
     for (int64_t r0 = begin; r0 < end; r0 += kNormRows) {
-      const int64_t n = std::min(kNormRows, end - r0);
-      float mean[kNormRows], rstd[kNormRows];
       for (int64_t r = r0 + kNormRows; r < std::min(r0 + 2 * kNormRows, end); ++r) {  // the next group's rows
         for (int64_t byte = 0; byte < d * static_cast<int64_t>(sizeof(T)); byte += 64) {
           __builtin_prefetch(reinterpret_cast<const char*>(x + r * x_stride) + byte, 0, 3);
         }
       }
-      for (int64_t i = 0; i < n; ++i) {
-        const T* xr = x + (r0 + i) * x_stride;
-        float* buf = row_buffer.as<float>() + i * width;
-        vf sum = zeros();
-        for (int64_t c = 0; c < width; c += 16) {
-          const vf v = load_first(xr + c, std::min<int64_t>(16, d - c));  // zero past d
-          store(buf + c, v);
-          sum = sum + v;
-        }
-        mean[i] = reduce_add(sum) * inv_d;
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const float* buf = row_buffer.as<float>() + i * width;
-        const vf m = splat(mean[i]);
-        vf squares = zeros();
-        for (int64_t c = 0; c < width; c += 16) {
-          vf dev = load(buf + c) - m;
-          if (c + 16 > d) {
-            dev = keep_lanes(dev, lane_range(0, d - c), 0.f);
-          }
-          squares = fma(dev, dev, squares);
-        }
-        rstd[i] = 1.f / std::sqrt(reduce_add(squares) * inv_d + eps);
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const float* buf = row_buffer.as<float>() + i * width;
-        const vf m = splat(mean[i]), s = splat(rstd[i]);
-        T* yr = y + (r0 + i) * d;
-        for (int64_t c = 0; c < width; c += 16) {
-          const vf v = fma((load(buf + c) - m) * s, load(w + c), load(b + c));
-          store_first(yr + c, v, std::min<int64_t>(16, d - c));
-        }
-      }
+      layer_norm_group(x + r0 * x_stride, x_stride, norm, y + r0 * d, d, std::min(kNormRows, end - r0),
+                       row_buffer.as<float>());
     }
   });
 }

@@ -39,11 +39,13 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("int8_gemm_built() -> bool", &xenc_lab::int8_gemm_built);
   m.def(
       "linear_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int out_features, "
-      "str activation, Tensor? residual, int rotation=0) -> Tensor");
+      "str activation, Tensor? residual, int rotation=0, Tensor? norm_weight=None, Tensor? norm_bias=None, "
+      "float norm_eps=0.0) -> Tensor");
   m.def(
       "mlp_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int hidden_features, "
       "str activation, int rotation, Tensor blocks2, Tensor correction2, Tensor weight_scale2, Tensor bias2, "
-      "int out_features, Tensor? residual, int rotation2) -> Tensor");
+      "int out_features, Tensor? residual, int rotation2, Tensor? norm_weight=None, Tensor? norm_bias=None, "
+      "float norm_eps=0.0) -> Tensor");
   m.def("paired_bf16_built() -> bool", &xenc_lab::paired_bf16_built);
   m.def(
       "linear_half(Tensor x, Tensor blocks, int weight_exponent, Tensor bias, int out_features, str activation, "

@@ -47,12 +47,16 @@ at::Tensor linear_widened(const at::Tensor& x, const at::Tensor& blocks, const a
 // gemm_int8.cpp
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                        const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
-                       c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation);
+                       c10::string_view activation, const std::optional<at::Tensor>& residual, int64_t rotation,
+                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                       double norm_eps);
 at::Tensor mlp_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                     const at::Tensor& weight_scale, const at::Tensor& bias, int64_t hidden_features,
                     c10::string_view activation, int64_t rotation, const at::Tensor& blocks2,
                     const at::Tensor& correction2, const at::Tensor& weight_scale2, const at::Tensor& bias2,
-                    int64_t out_features, const std::optional<at::Tensor>& residual, int64_t rotation2);
+                    int64_t out_features, const std::optional<at::Tensor>& residual, int64_t rotation2,
+                    const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                    double norm_eps);
 #endif
 
 #if XENC_HALF_GEMM

@@ -14,7 +14,7 @@ from ..batch import PackedBatch
 from ..choices import Choices
 from ..ops.attention import packed_attention
 from ..ops.first_token import first_token_self_attention
-from ..ops.linear import fuse_linears, int8_mlp, linear_gelu, linear_plus
+from ..ops.linear import fuse_linears, int8_mlp, linear_gelu, linear_plus_norm
 from .base import EncoderModel
 
 
@@ -67,7 +67,7 @@ class DenseNorm(nn.Module):
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(linear_plus(self.dense, x, residual))
+        return linear_plus_norm(self.dense, x, residual, self.LayerNorm)
 
 
 class Attention(nn.Module):
@@ -109,9 +109,9 @@ class Layer(nn.Module):
         attended = self.attention.self(x, batch, choices, *extra, first_only=first_only)
         x = self.attention.output(attended, x[batch.first_index] if first_only else x)
         if type(self.intermediate.act) is GELUActivation:
-            both = int8_mlp(self.intermediate.dense, self.output.dense, x, "gelu", x)
+            both = int8_mlp(self.intermediate.dense, self.output.dense, x, "gelu", x, self.output.LayerNorm)
             if both is not None:
-                return self.output.LayerNorm(both)
+                return both
         return self.output(self.intermediate(x), x)
 
 

@@ -11,7 +11,7 @@ from ..batch import PackedBatch
 from ..choices import Choices
 from ..ops.attention import packed_attention
 from ..ops.first_token import first_token_self_attention
-from ..ops.linear import fuse_linears, int8_mlp, linear_plus
+from ..ops.linear import fuse_linears, int8_mlp, linear_plus_norm
 from .base import EncoderModel
 
 EPS = 1e-12  # DistilBERT's LayerNorms do not read the config
@@ -40,14 +40,16 @@ class MultiHeadSelfAttention(nn.Module):
         del self.q_lin, self.k_lin, self.v_lin
 
     def forward(
-        self, x: torch.Tensor, batch: PackedBatch, choices: Choices, residual: torch.Tensor, first_only: bool = False
+        self, x: torch.Tensor, batch: PackedBatch, choices: Choices, residual: torch.Tensor, norm: nn.Module,
+        first_only: bool = False
     ) -> torch.Tensor:
-        """residual + attention (at first tokens only with ``first_only``, where ``residual`` holds their rows)."""
+        """norm(residual + attention) (at first tokens only with ``first_only``, where ``residual`` holds their
+        rows)."""
         if first_only:
             attended = first_token_self_attention(self.qkv, x, batch, self.n_heads, choices)
         else:
             attended = packed_attention(self.qkv(x), batch, self.n_heads, choices.attention)
-        return linear_plus(self.out_lin, attended, residual)
+        return linear_plus_norm(self.out_lin, attended, residual, norm)
 
 
 class FFN(nn.Module):
@@ -57,13 +59,13 @@ class FFN(nn.Module):
         self.lin2 = nn.Linear(config.hidden_dim, config.dim)
         self.activation = get_activation(config.activation)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x + the FFN of x."""
+    def forward(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """norm(x + the FFN of x)."""
         if type(self.activation) is GELUActivation:
-            both = int8_mlp(self.lin1, self.lin2, x, "gelu", x)
+            both = int8_mlp(self.lin1, self.lin2, x, "gelu", x, norm)
             if both is not None:
                 return both
-        return linear_plus(self.lin2, self.activation(self.lin1(x)), x)
+        return linear_plus_norm(self.lin2, self.activation(self.lin1(x)), x, norm)
 
 
 class TransformerBlock(nn.Module):
@@ -81,8 +83,8 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, batch: PackedBatch, choices: Choices, first_only: bool = False) -> torch.Tensor:
         """(T, d) -> (T, d), or (B, d) at each pair's first token with ``first_only``."""
         residual = x[batch.first_index] if first_only else x
-        x = self.sa_layer_norm(self.attention(x, batch, choices, residual, first_only))
-        return self.output_layer_norm(self.ffn(x))
+        x = self.attention(x, batch, choices, residual, self.sa_layer_norm, first_only)
+        return self.ffn(x, self.output_layer_norm)
 
 
 class Transformer(nn.Module):

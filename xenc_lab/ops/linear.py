@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cpu.int8 import Int8Linear, int8_mlp_available
+from ..cpu.int8 import Int8Linear, int8_mlp_available, int8_norm_available
+from ..cpu.norm import RowLayerNorm
 from ..cpu.prepacked import PrepackedLinear
 
 
@@ -45,13 +46,35 @@ def linear_gelu(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.gelu_(linear(x))
 
 
-def int8_mlp(first: nn.Module, second: nn.Module, x: torch.Tensor, activation: str,
-             residual: torch.Tensor) -> torch.Tensor | None:
-    """second(``activation`` of first(x)) + residual in one kernel call, a block of rows at a time, where both are
-    int8 layers on the kernel route (``cpu.int8.Int8Linear.then``): the intermediate never leaves the cache. None
-    elsewhere, under torch.compile, and where the two-layer call failed its check (``cpu.int8.int8_mlp_available``):
-    the layers then run one at a time."""
+def int8_mlp(first: nn.Module, second: nn.Module, x: torch.Tensor, activation: str, residual: torch.Tensor,
+             norm: nn.Module | None = None) -> torch.Tensor | None:
+    """second(``activation`` of first(x)) + residual, then ``norm`` where given, in one kernel call, a block of rows
+    at a time, where both are int8 layers on the kernel route (``cpu.int8.Int8Linear.then``): the intermediate never
+    leaves the cache, nor does the sum on its way to a norm the kernel can end in (``kernel_norm``). None elsewhere,
+    under torch.compile, and where the two-layer call failed its check (``cpu.int8.int8_mlp_available``): the layers
+    then run one at a time."""
     if (isinstance(first, Int8Linear) and isinstance(second, Int8Linear) and first.route == second.route == "kernel"
             and not torch.compiler.is_compiling() and int8_mlp_available()):
-        return first.then(second, x, activation, residual)
+        if kernel_norm(norm, x):
+            return first.then(second, x, activation, residual, norm)
+        y = first.then(second, x, activation, residual)
+        return y if norm is None else norm(y)
     return None
+
+
+def linear_plus_norm(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """norm(linear(x) + residual): inside the int8 kernel's call where ``linear`` runs on it and it can end in
+    ``norm`` (``kernel_norm``), each block of rows normed while in cache; else norm(linear_plus(...))."""
+    if (isinstance(linear, Int8Linear) and linear.route == "kernel" and not torch.compiler.is_compiling()
+            and kernel_norm(norm, x)):
+        return linear._gemm(x, "none", residual, norm)
+    return norm(linear_plus(linear, x, residual))
+
+
+def kernel_norm(norm: nn.Module | None, x: torch.Tensor) -> bool:
+    """Whether the int8 kernel's calls can end in ``norm`` on x: a row-kernel LayerNorm (``cpu.norm.RowLayerNorm``,
+    which runs the layer_norm op in 16-bit dtypes) with a weight and bias of x's dtype, x in bfloat16 or float16,
+    and the call's check passed (``cpu.int8.int8_norm_available``). Float32 keeps torch's LayerNorm."""
+    return (type(norm) is RowLayerNorm and x.dtype in (torch.bfloat16, torch.float16)
+            and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
+            and norm.weight.dtype == norm.bias.dtype == x.dtype and int8_norm_available())
