@@ -1,6 +1,6 @@
-"""The int8 linear layer (cpu/int8.py, csrc/gemm_int8.cpp): its quantization, both routes against each other and
-against float arithmetic, output rows, GELU and residual, a decoder's gated gate/up layer, and the Choices it
-implies."""
+"""The int8 linear layer (cpu/int8.py, cpu/int8_math.py, csrc/gemm_int8.cpp): its quantization, both routes
+against each other and against float arithmetic, output rows, GELU and residual, a decoder's gated gate/up layer,
+the calls that run two layers or end in a LayerNorm, and the Choices it implies."""
 from __future__ import annotations
 
 import pytest
@@ -9,17 +9,8 @@ from torch import nn
 
 from xenc_lab import choices as engine_choices
 from xenc_lab.config import ScorerConfig
-from xenc_lab.cpu.int8 import (
-    ROTATION,
-    Int8Linear,
-    gated_order,
-    hadamard_rows,
-    int8_kernel_available,
-    int8_mlp_available,
-    int8_norm_available,
-    quantize_rows,
-    quantize_weight,
-)
+from xenc_lab.cpu.int8 import Int8Linear, int8_kernel_available, int8_mlp_available, int8_norm_available
+from xenc_lab.cpu.int8_math import ROTATION, gated_order, hadamard_rows, quantize_rows, quantize_weight
 
 needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="the int8 kernel does not run here")
 

@@ -22,102 +22,22 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from .int8_math import (
+    INT8_COLS,
+    ROTATION,
+    gated_order,
+    hadamard_rows,
+    int8_blocks,
+    quantize_rows,
+    quantize_weight,
+    torch_linear_int8,
+)
 from .native import available, once, reason
 from .prepacked import PrepackedLinear, rows_of
 
 logger = logging.getLogger("xenc_lab")
 
-INT8_COLS = 64  # columns of W^T per packed block (kInt8Cols in the C++ source)
-ROTATION = 128  # input features per Hadamard block (kRotation in the C++ source)
 ROUTES = ("kernel", "torch")
-
-
-def hadamard_rows(x: torch.Tensor) -> torch.Tensor:
-    """(M, K) float32 rows, K a multiple of ROTATION, each block of ROTATION columns times the Sylvester Hadamard
-    matrix of that order (entries +-1): the butterflies of strides 1, 2, ..., 64 in that order, each (a, b) ->
-    (a + b, a - b), as the kernel computes them (bit for bit)."""
-    y = x.reshape(-1, ROTATION)
-    stride = 1
-    while stride < ROTATION:
-        pairs = y.view(-1, ROTATION // (2 * stride), 2, stride)
-        a, b = pairs[:, :, 0], pairs[:, :, 1]
-        y = torch.stack((a + b, a - b), dim=2).view(-1, ROTATION)
-        stride *= 2
-    return y.view(x.shape)
-
-
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) float weight -> (N, K) int8 and (N,) float32 scales: symmetric, one scale per output channel, the
-    largest magnitude of each row mapped to 127 (a row of zeros gets scale 0)."""
-    w = weight.detach().float()
-    largest = w.abs().amax(dim=1)
-    scale = largest / 127
-    q = torch.where(scale[:, None] > 0, w / scale.clamp_min(torch.finfo(torch.float32).tiny)[:, None], 0.0)
-    return q.round().clamp_(-127, 127).to(torch.int8), scale
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(M, K) activations -> (M, K) uint8 codes u, (M, 1) float32 scales s and zero points z, per row (token), as the
-    kernel does: x ~ s (u - z) over the row's range [min(x, 0), max(x, 0)] in 255 steps (zero exact),
-    u = round(x * (1 / s)) + z."""
-    xf = x.float()
-    low, high = xf.amin(dim=1, keepdim=True).clamp_(max=0), xf.amax(dim=1, keepdim=True).clamp_(min=0)
-    s = ((high - low) / 255).clamp_(min=1e-30)
-    z = (-low / s).round_()
-    return (xf * s.reciprocal()).round_().add_(z).clamp_(0, 255).to(torch.uint8), s, z
-
-
-def int8_blocks(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """A quantized (N, K) weight in ``linear_int8``'s layout: int8 blocks (ceil(N / 64), ceil(K / 4), 64, 4) of W^T
-    (4 consecutive k of a column side by side, VNNI's layout), the int32 column sums sum_k W[n, k] for the
-    zero points of x, the float32 scales and bias; each zero-padded to ceil(N / 64) * 64 columns."""
-    n, k = q.shape
-    width, k4 = -(-n // INT8_COLS) * INT8_COLS, -(-k // 4) * 4
-    padded = torch.zeros(width, k4, dtype=torch.int8)
-    padded[:n, :k] = q
-    blocks = padded.view(width // INT8_COLS, INT8_COLS, k4 // 4, 4).permute(0, 2, 1, 3).contiguous()
-    correction = padded.sum(dim=1, dtype=torch.int32)
-    scales, biases = torch.zeros(width), torch.zeros(width)
-    scales[:n] = scale
-    if bias is not None:
-        biases[:n] = bias.detach().float()
-    return blocks, correction, scales, biases
-
-
-def gated_order(n: int) -> torch.Tensor:
-    """The row order of a gated layer's fused (2n, K) gate/up weight as ``activation="silu_mul"`` takes it: each
-    block of INT8_COLS rows holds INT8_COLS / 2 gate rows, then the up rows of the same features."""
-    half = INT8_COLS // 2
-    if n % half:
-        raise ValueError(f"a gated int8 layer needs a multiple of {half} features, got {n}")
-    gate = torch.arange(n).view(-1, half)
-    return torch.cat([gate, gate + n], dim=1).reshape(-1)
-
-
-def _silu_mul(y: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of a gated layer's (M, 2n) product in ``gated_order``: (M, n)."""
-    blocks = y.view(y.shape[0], -1, 2, INT8_COLS // 2)
-    return (torch.nn.functional.silu(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(y.shape[0], -1)
-
-
-def _torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                       activation: str, residual: torch.Tensor | None, rotation: int = 0) -> torch.Tensor:
-    """The torch route: x (M, K) rotated (where ``rotation``) and quantized per row, the (K, N) int8 weight_t
-    multiplied by ``torch._int_mm`` (int8 by int8: the codes less 128, the zero points less 128 times the column sums
-    taken off)."""
-    u, x_scale, z = quantize_rows(hadamard_rows(x.float()) if rotation else x)
-    q = (u.to(torch.int16) - 128).to(torch.int8)
-    sums = (torch._int_mm(q, weight_t) - (z.int() - 128) * weight_t.sum(dim=0, dtype=torch.int32)).float()
-    y = sums.mul_(x_scale).mul_(scale)
-    if bias is not None:
-        y.add_(bias)
-    if activation == "gelu":
-        y = torch.nn.functional.gelu(y)
-    elif activation == "silu_mul":
-        y = _silu_mul(y)
-    elif residual is not None:
-        y.add_(residual.float())
-    return y.to(x.dtype)
 
 
 @torch.compiler.assume_constant_result  # checked eagerly, a constant to torch.compile
@@ -151,21 +71,21 @@ def _int8_check() -> bool:
         step = quantize_rows(xd)[1] * weight.abs().amax(dim=1)[None]
         for activation in ("gelu", "none"):
             add = rd if activation == "none" else None
-            want = _torch_linear_int8(xd.float(), weight_t, scale, bias, activation,
+            want = torch_linear_int8(xd.float(), weight_t, scale, bias, activation,
                                       None if add is None else add.float())
             room = 2 * eps * (1 + want.abs()) + 1.1 * step
             if not _kernel_agrees(f"{dtype}, {activation}", want, room, xd, *packed, 80, activation, add):
                 return False
         # silu(gate) * up: within a step of the gate's and the up's products
-        want = _torch_linear_int8(xd.float(), gated_t, gated_scale, None, "silu_mul", None)
-        products = _torch_linear_int8(xd.float(), gated_t, gated_scale, None, "none", None).abs()
+        want = torch_linear_int8(xd.float(), gated_t, gated_scale, None, "silu_mul", None)
+        products = torch_linear_int8(xd.float(), gated_t, gated_scale, None, "none", None).abs()
         room = 2 * eps * (1 + want.abs()) + 2.2 * step[:, :64] * (1 + products.amax(dim=1, keepdim=True))
         if not _kernel_agrees(f"{dtype}, silu_mul", want, room, xd, *int8_blocks(gated_q, gated_scale, None), 128,
                               "silu_mul", None):
             return False
         # Rotated, with a residual: the same rotation, codes and int32 sums as torch's, bit for bit; the epilogues
         # round in another order, a few roundings of the sum before the residual.
-        want = _torch_linear_int8(wide.float(), rotated_q.t().contiguous(), rotated_scale, bias, "none", rd.float(),
+        want = torch_linear_int8(wide.float(), rotated_q.t().contiguous(), rotated_scale, bias, "none", rd.float(),
                                   ROTATION)
         room = 4 * eps * (1 + want.abs() + rd.float().abs())
         if not _kernel_agrees(f"{dtype}, rotated", want, room, wide, *int8_blocks(rotated_q, rotated_scale, bias), 80,
@@ -194,13 +114,19 @@ def _norm_args(norm: nn.LayerNorm | None) -> tuple:
     return () if norm is None else (norm.weight, norm.bias, float(norm.eps))
 
 
-def _int8_norm_check() -> bool:
-    g = torch.Generator().manual_seed(2)
-    x, up, down = (torch.randn(*shape, generator=g) for shape in ((100, ROTATION), (200, ROTATION), (90, 200)))
+def _two_layers(seed: int, width: int) -> tuple:
+    """The checks' problem: a generator, x (100, width), a rotated GELU layer of 200 and a plain one of 90, each as
+    the ops take it (the first's arguments end with its activation and rotation)."""
+    g = torch.Generator().manual_seed(seed)
+    x, up, down = (torch.randn(*shape, generator=g) for shape in ((100, width), (200, width), (90, 200)))
     up_q, up_scale = quantize_weight(hadamard_rows(up))
     first = (*int8_blocks(up_q, up_scale / ROTATION, torch.randn(200, generator=g)), 200, "gelu", ROTATION)
     down_q, down_scale = quantize_weight(down)
-    second = (*int8_blocks(down_q, down_scale, torch.randn(90, generator=g)), 90)
+    return g, x, first, (*int8_blocks(down_q, down_scale, torch.randn(90, generator=g)), 90)
+
+
+def _int8_norm_check() -> bool:
+    g, x, first, second = _two_layers(2, ROTATION)
     for dtype in (torch.bfloat16, torch.float16):
         xd, residual = x.to(dtype), torch.randn(100, 90, generator=g).to(dtype)
         norm = tuple(torch.randn(90, generator=g).to(dtype) for _ in range(2)) + (1e-5,)
@@ -223,12 +149,7 @@ def _int8_norm_check() -> bool:
 
 
 def _int8_mlp_check() -> bool:
-    g = torch.Generator().manual_seed(1)
-    x, up, down = (torch.randn(*shape, generator=g) for shape in ((100, 2 * ROTATION), (200, 2 * ROTATION), (90, 200)))
-    up_q, up_scale = quantize_weight(hadamard_rows(up))
-    first = (*int8_blocks(up_q, up_scale / ROTATION, torch.randn(200, generator=g)), 200, "gelu", ROTATION)
-    down_q, down_scale = quantize_weight(down)
-    second = (*int8_blocks(down_q, down_scale, torch.randn(90, generator=g)), 90)
+    g, x, first, second = _two_layers(1, 2 * ROTATION)
     for dtype in (torch.float32, torch.bfloat16):
         xd, residual = x.to(dtype), torch.randn(100, 90, generator=g).to(dtype)
         try:
@@ -345,7 +266,7 @@ class Int8Linear(PrepackedLinear):
                                                self.out_features, activation, residual, self.rotation,
                                                *_norm_args(norm))
         else:
-            y = _torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual, self.rotation)
+            y = torch_linear_int8(rows, self.packed, self._scale, self._bias, activation, residual, self.rotation)
             y = y if norm is None else norm(y)
         return y.view(*x.shape[:-1], y.shape[-1])
 

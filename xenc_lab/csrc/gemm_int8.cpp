@@ -1,6 +1,6 @@
 // Linear layers in int8 (quantization="int8"): y = dequant(q(x) q(W)^T) + bias, then exact GELU, + residual, or a
 // gated layer's silu(gate) * up.
-// - W is int8, symmetric, one scale per output channel, quantized once at load (xenc_lab/cpu/int8.py).
+// - W is int8, symmetric, one scale per output channel, quantized once at load (xenc_lab/cpu/int8_math.py).
 // - x is quantized here, per row (token), to unsigned bytes with a zero point, with no calibration: the row's range
 //   [min(x, 0), max(x, 0)] in 255 steps of s, u = round(x * (1 / s)) + z, z = round(-min / s). A row after a GELU
 //   (mostly positive) keeps all 8 bits this way, not 7 (docs/int8.md measures both).
@@ -39,7 +39,7 @@ constexpr int64_t kInt8Cols = 64;  // columns of W^T per block: a 96 x 64 int32 
 
 // The rotation of x's rows (``rotation`` = kRotation): each block of kRotation columns times the Sylvester Hadamard
 // matrix of that order (entries +-1), by the butterflies of strides 1, 2, ..., 64 in that order, each (a, b) ->
-// (a + b, a - b) rounded in fp32, as ``cpu.int8.hadamard_rows``. The weights' rows were rotated alike at load, so
+// (a + b, a - b) rounded in fp32, as ``cpu.int8_math.hadamard_rows``. The weights' rows were rotated alike at load, so
 // the products are 128 times x W^T (the 1 / 128 is in the weight scales): the rotation spreads a row's outlier
 // columns over the block, and the per-row step of the quantization shrinks with the range.
 constexpr int64_t kRotation = 128;
@@ -90,7 +90,7 @@ inline void hadamard_block(float* w) {
 
 // Quantizes `rows` rows of x (stride x_stride, K columns), rotated first where `rotate` (K a multiple of
 // kRotation), into `panel` (rows x K4 bytes, padded with zeros), their scales into `scales` and zero points into
-// `zero_points`; `wide` is a float buffer of K4. As ``cpu.int8.quantize_rows``: u = round(x * (1 / s)) + z.
+// `zero_points`; `wide` is a float buffer of K4. As ``cpu.int8_math.quantize_rows``: u = round(x * (1 / s)) + z.
 template <typename T>
 void quantize_rows(const T* x, int64_t x_stride, int64_t rows, int64_t K, int64_t K4, bool rotate, uint8_t* panel,
                    float* scales, int32_t* zero_points, float* wide) {
@@ -236,7 +236,7 @@ XENC_INLINE void finish_row(const int32_t* acc, int32_t z, const int32_t* sums, 
 #endif
 }
 
-// One layer's weight as linear_int8 takes it (packed at load by cpu/int8.py), its activation, and its rotation.
+// One layer's weight as linear_int8 takes it (packed at load by cpu/int8_math.py), its activation, and its rotation.
 struct Int8Layer {
   const int8_t* blocks;
   const int32_t* correction;
