@@ -122,6 +122,28 @@ def test_goals_hold_each_measure_to_its_bound():
     assert np.isclose(rows[1].gain_share, rows[1].measured_gain / rows[1].ideal_gain)
 
 
+def test_bench_decoder_int8_adds_a_quantized_engine_timed_in_the_same_rounds(tiny, capsys):
+    rows = decoder.run([str(tiny)], dtypes=["float32"], n_docs=4, repeats=2, int8=True)
+    assert [r.engine for r in rows] == [*decoder.ENGINES, decoder.INT8_ENGINE]
+    st, on, off, int8 = rows
+    assert int8.pairs == 4 and math.isclose(int8.pairs_per_s, 4 / int8.seconds) and int8.over_sharing > 0
+    assert 0 < int8.tokens_computed == on.tokens_computed < int8.tokens_total  # int8 shares the prefix too
+    assert 0 < int8.max_abs_delta < 1 and on.max_abs_delta < 1e-4  # int8 moves the scores, a little
+    assert on.over_sharing == off.over_sharing == 0.0
+    assert "int8 over xenc_lab sharing on" in decoder.report_section(rows, "c", "m")
+    assert not any("int8" in goal for goal, _, _ in decoder.goals(rows))  # the seconds goal is qwen3-0.6b's
+
+
+def test_the_int8_goal_is_a_1_x_100_rerank_of_qwen3_0_6b_in_10_s():
+    def row(seconds):
+        return decoder.DecoderRow(model="qwen3-0.6b", dtype="bfloat16", engine=decoder.INT8_ENGINE, pairs=16,
+                                  tokens_total=100, tokens_computed=50, pairs_per_s=16 / seconds, ratio=2.0,
+                                  max_abs_delta=0.1, mean_abs_delta=0.05, seconds=seconds, over_sharing=1.8)
+    (goal, value, met), = decoder.goals([row(1.5)])
+    assert "1 x 100 in <= 10 s" in goal and value.startswith("9.4 s") and met
+    assert not decoder.goals([row(1.7)])[0][2]  # 10.6 s
+
+
 @pytest.mark.parametrize("extra", [["--memory"], ["--model", "x"], ["--workloads", "short"]])
 def test_bench_decoder_refuses_the_encoder_benchs_options_in_one_line(extra, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -135,7 +157,7 @@ def test_bench_decoder_refuses_the_encoder_benchs_options_in_one_line(extra, cap
 def test_bench_decoder_compile_compiles_xenc_labs_engines(monkeypatch):
     seen = []
 
-    def time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile=False, check=None):
+    def time_engines(path, pairs, dtype, repeats, st_batch_size, budget, compile=False, check=None, int8=False):
         seen.append(compile)
         raise KeyboardInterrupt  # stop before any model runs
 

@@ -135,7 +135,8 @@ def bench(args: argparse.Namespace) -> int:
 
 def decoder_bench(args: argparse.Namespace) -> int:
     """``bench --decoder``: 1 query x N documents through Qwen3-Reranker's template, xenc_lab with prefix sharing on
-    and off beside sentence-transformers; ``--report DIR`` writes (or replaces) DIR/throughput.md's decoder section."""
+    and off (and with ``--int8``, in int8) beside sentence-transformers; ``--report DIR`` writes (or replaces)
+    DIR/throughput.md's decoder section."""
     import os
     from pathlib import Path
 
@@ -153,7 +154,7 @@ def decoder_bench(args: argparse.Namespace) -> int:
     load = os.getloadavg()[0]
     rows = decoder.run(args.decoder or decoder.DEFAULT_MODELS, dtypes=args.dtypes or ["float32", "bfloat16"],
                        n_docs=args.pairs, repeats=args.repeats, max_batch_tokens=args.max_batch_tokens,
-                       compile=args.compile)
+                       compile=args.compile, int8=args.int8)
     for goal, value, met in decoder.goals(rows):
         print(f"{'met' if met else 'MISSED'}: {goal}: {value}")
     if args.report:
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                         "run compiled)")
     b.add_argument("--memory", action="store_true", help="also measure peak RSS for 2,000 vs 20,000 pairs")
     b.add_argument("--int8", action="store_true",
-                   help="also time xenc_lab with quantization='int8' at each dtype (CPU; the 'xenc_lab int8' rows)")
+                   help="also time xenc_lab with quantization='int8' at each dtype (CPU; the 'xenc_lab int8' rows, or "
+                        "with --decoder the 'xenc_lab int8 sharing on' rows)")
     b.add_argument("--decoder", nargs="*", default=None, metavar="MODEL",
                    help="time decoder rerankers instead: 1 query x N documents through Qwen3-Reranker's template, "
                         "xenc_lab with prefix sharing on and off beside sentence-transformers. MODELs: built-in "
