@@ -125,7 +125,7 @@ def test_goals_hold_each_measure_to_its_bound():
 def test_bench_decoder_int8_adds_a_quantized_engine_timed_in_the_same_rounds(tiny, capsys):
     rows = decoder.run([str(tiny)], dtypes=["float32"], n_docs=4, repeats=2, int8=True)
     assert [r.engine for r in rows] == [*decoder.ENGINES, decoder.INT8_ENGINE]
-    st, on, off, int8 = rows
+    _, on, off, int8 = rows
     assert int8.pairs == 4 and math.isclose(int8.pairs_per_s, 4 / int8.seconds) and int8.over_sharing > 0
     assert 0 < int8.tokens_computed == on.tokens_computed < int8.tokens_total  # int8 shares the prefix too
     assert 0 < int8.max_abs_delta < 1 and on.max_abs_delta < 1e-4  # int8 moves the scores, a little

@@ -242,7 +242,7 @@ def test_a_check_that_asks_for_another_checks_answer_first_does_not_wait_on_itse
     import sys
 
     code = "from xenc_lab.cpu.int8 import int8_norm_available as a, int8_kernel_available as k; print(a() == k())"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.split()[-1] == "True", run.stderr[-2000:]
 
 
