@@ -3,10 +3,11 @@ chat template, scored by logit("yes") - logit("no") at the last token.
 
 Three engines on the same pairs, in one process, alternating runs, tokenization included: xenc_lab with prefix sharing
 on (the system prompt, instruction and query computed once into the paged KV cache), xenc_lab with it off, and
-sentence-transformers' ``CrossEncoder``; with ``int8``, a fourth: xenc_lab with ``quantization="int8"``, sharing on. The models are random-weight ``Qwen3ForCausalLM`` checkpoints built here,
-offline and deterministically, and cached (``decoder_reranker``): the numbers are about speed and agreement, not
-relevance. Their tokenizer is a byte-level BPE behind Qwen2's split regex, trained on the workload's own vocabulary,
-so that its words are mostly single tokens as in a real vocabulary.
+sentence-transformers' ``CrossEncoder``; with ``int8``, a fourth: xenc_lab with ``quantization="int8"``, sharing on.
+The models are random-weight ``Qwen3ForCausalLM`` checkpoints built here, offline and deterministically, and cached
+(``decoder_reranker``): the numbers are about speed and agreement, not relevance. Their tokenizer is a byte-level BPE
+behind Qwen2's split regex, trained on the workload's own vocabulary, so that its words are mostly single tokens as
+in a real vocabulary.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ ENGINES = ("sentence-transformers", "xenc_lab sharing on", "xenc_lab sharing off
 INT8_ENGINE = "xenc_lab int8 sharing on"  # the fourth engine, where asked for
 # The issues' goals: sharing's share of its ideal gain, fp32 pairs/s over sentence-transformers', fp32 max |delta|,
 # bf16 error over sentence-transformers' own bf16 error; int8 at qwen3-0.6b, seconds per 100 documents.
-GOALS = {"gain_share": 0.85, "fp32_ratio": 2.0, "fp32_delta": 1e-4, "bf16_error_ratio": 1.5, "int8_seconds_per_100": 10.0}
+GOALS = {"gain_share": 0.85, "fp32_ratio": 2.0, "fp32_delta": 1e-4, "bf16_error_ratio": 1.5,
+         "int8_seconds_per_100": 10.0}
 # Deltas and errors are measured on at least this many pairs: the timed ones and more queries' (a 16-bit model's
 # error on a score moves by about its own size between pairs, so 16 pairs' mean tells two engines apart poorly).
 ACCURACY_PAIRS = 64
@@ -124,7 +126,8 @@ def _time_engines(path, pairs, dtype: str, repeats: int, st_batch_size: int, bud
     ours = Scorer(path, device="cpu", dtype=dtype, compile=compile, **budget)
     if not ours.decoder:
         raise ValueError(f"{path}: {ours.architecture} is not a decoder reranker")
-    quantized = Scorer(path, device="cpu", dtype=dtype, compile=compile, quantization="int8", **budget) if int8 else None
+    quantized = (Scorer(path, device="cpu", dtype=dtype, compile=compile, quantization="int8", **budget) if int8
+                 else None)
     engines = ENGINES + ((INT8_ENGINE,) if int8 else ())
 
     def run_engine(engine: str, pairs=pairs):

@@ -325,7 +325,8 @@ struct RowBlocks {
 template <typename T>
 std::optional<NormAffine> norm_of(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                   int64_t N, double eps) {
-  TORCH_CHECK(weight.has_value() == bias.has_value(), "int8 layers end in a LayerNorm with both weight and bias, or none");
+  TORCH_CHECK(weight.has_value() == bias.has_value(),
+              "int8 layers end in a LayerNorm with both weight and bias, or none");
   if (!weight.has_value()) {
     return std::nullopt;
   }
