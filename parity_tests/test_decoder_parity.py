@@ -64,8 +64,8 @@ PROBE = SPREAD_PAIRS + [(q, d) for q in S.ODD[:8] for d in ("a short passage", "
 
 
 def examples(n: int) -> settings:
-    """``n`` examples under the "ci" profile (150 examples), as many more or fewer under the others."""
-    return settings(max_examples=max(3, round(n * settings.default.max_examples / 150)))
+    """``n`` examples under the "ci" profile (110 examples), as many more or fewer under the others."""
+    return settings(max_examples=max(3, round(n * settings.default.max_examples / 110)))
 
 
 @functools.cache
