@@ -72,7 +72,7 @@ def _int8_check() -> bool:
         for activation in ("gelu", "none"):
             add = rd if activation == "none" else None
             want = torch_linear_int8(xd.float(), weight_t, scale, bias, activation,
-                                      None if add is None else add.float())
+                                     None if add is None else add.float())
             room = 2 * eps * (1 + want.abs()) + 1.1 * step
             if not _kernel_agrees(f"{dtype}, {activation}", want, room, xd, *packed, 80, activation, add):
                 return False
@@ -86,7 +86,7 @@ def _int8_check() -> bool:
         # Rotated, with a residual: the same rotation, codes and int32 sums as torch's, bit for bit; the epilogues
         # round in another order, a few roundings of the sum before the residual.
         want = torch_linear_int8(wide.float(), rotated_q.t().contiguous(), rotated_scale, bias, "none", rd.float(),
-                                  ROTATION)
+                                 ROTATION)
         room = 4 * eps * (1 + want.abs() + rd.float().abs())
         if not _kernel_agrees(f"{dtype}, rotated", want, room, wide, *int8_blocks(rotated_q, rotated_scale, bias), 80,
                               "none", rd, ROTATION):

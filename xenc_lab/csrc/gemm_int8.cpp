@@ -376,6 +376,19 @@ void int8_tile(const Int8Layer& layer, int64_t ni, RowBlock& block, int64_t rows
   }
 }
 
+// Every column block of `layer` on the quantized rows of `block` (int8_tile), then, where `norm` is given, their
+// LayerNorm in place while the rows are in cache (`buffer`: kNormRows x norm->width floats).
+template <typename T>
+void int8_block(const Int8Layer& layer, RowBlock& block, int64_t rows, T* out, int64_t out_stride, const T* res,
+                int64_t res_stride, const NormAffine* norm, float* buffer) {
+  for (int64_t ni = 0; ni < layer.nblk; ++ni) {
+    int8_tile(layer, ni, block, rows, out, out_stride, res, res_stride);
+  }
+  if (norm) {
+    normalize_block(*norm, out, out_stride, rows, buffer);
+  }
+}
+
 template <typename T>
 at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& correction,
                           const at::Tensor& weight_scale, const at::Tensor& bias, int64_t out_features,
@@ -406,11 +419,8 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
       for (int64_t mi = begin; mi < end; ++mi) {
         const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
         block.quantize(layer, X + m0 * x_stride, x_stride, rows);
-        for (int64_t ni = 0; ni < nblk; ++ni) {
-          int8_tile(layer, ni, block, rows, Y + m0 * width_out, width_out, res ? res + m0 * res_stride : nullptr,
-                    res_stride);
-        }
-        normalize_block(*norm, Y + m0 * width_out, width_out, rows, buffer.as<float>());
+        int8_block(layer, block, rows, Y + m0 * width_out, width_out, res ? res + m0 * res_stride : nullptr,
+                   res_stride, &*norm, buffer.as<float>());
       }
       at::native::cpublas::brgemm_release(true);
     });
@@ -466,17 +476,10 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
     for (int64_t mi = begin; mi < end; ++mi) {
       const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
       in.quantize(first, X + m0 * x_stride, x_stride, rows);
-      for (int64_t ni = 0; ni < first.nblk; ++ni) {
-        int8_tile<T>(first, ni, in, rows, H, hidden, nullptr, 0);
-      }
+      int8_block<T>(first, in, rows, H, hidden, nullptr, 0, nullptr, nullptr);
       mid.quantize(second, H, hidden, rows);
-      for (int64_t ni = 0; ni < second.nblk; ++ni) {
-        int8_tile(second, ni, mid, rows, Y + m0 * second.N, second.N, res ? res + m0 * res_stride : nullptr,
-                  res_stride);
-      }
-      if (norm) {
-        normalize_block(*norm, Y + m0 * second.N, second.N, rows, buffer.as<float>());
-      }
+      int8_block(second, mid, rows, Y + m0 * second.N, second.N, res ? res + m0 * res_stride : nullptr, res_stride,
+                 norm ? &*norm : nullptr, buffer.as<float>());
     }
     at::native::cpublas::brgemm_release(true);
   });
