@@ -26,18 +26,6 @@ namespace {
 
 constexpr int64_t kMaxRopeDim = 512;
 
-// x as the dtype T would hold it (a round trip through T; fp32 as is).
-template <typename T>
-XENC_INLINE vf rounded(vf x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    T tmp[16];
-    store_first(tmp, x, 16);
-    return load_first(tmp, 16);
-  }
-}
-
 // 1 / sqrt(mean(x^2) + eps) of one row of d elements.
 template <typename T>
 XENC_INLINE float inverse_rms(const T* x, int64_t d, float eps) {
@@ -71,30 +59,41 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* y, int64_t rows,
 }
 
 // Each head row h of token t: normalized with weight w[h] (if w), then x * cos[t] + roll(x, D / 2) * sin[t], sin
-// holding the first half's sines negated (rotate_half(x) * sin, as ``models.decoder.rotate`` reads it).
+// holding the first half's sines negated (rotate_half(x) * sin, as ``models.decoder.rotate`` reads it). The weights
+// are widened to fp32 once per thread and a token's cos and sin once for all its heads.
 template <typename T>
 void rope_rows(const T* x, int64_t x_stride, int64_t heads, const T* w, const T* cos, const T* sin, T* y,
                int64_t tokens, int64_t dim, float eps) {
-  const int64_t half = dim / 2;
+  const int64_t half = dim / 2, width = round_up(dim, 16);
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-    float buf[2 * kMaxRopeDim];  // the head row twice, end to end: its roll by D / 2 is a window of it
+    Scratch scratch((w ? heads * width : 0) * static_cast<int64_t>(sizeof(float)));
+    float* wide_w = scratch.as<float>();
+    for (int64_t i = 0; w && i < heads * dim; i += 16) {  // heads * dim weights end to end; rows start at h * dim
+      store_first(wide_w + i, load_first(w + i, std::min<int64_t>(16, heads * dim - i)), 16);
+    }
+    float buf[2 * kMaxRopeDim + 16];  // the head row twice, end to end: its roll by D / 2 is a window of it
+    float c_t[kMaxRopeDim + 16], s_t[kMaxRopeDim + 16];
     for (int64_t t = begin; t < end; ++t) {
-      const T* ct = cos + t * dim;
-      const T* st = sin + t * dim;
+      for (int64_t c = 0; c < dim; c += 16) {
+        const int64_t n = std::min<int64_t>(16, dim - c);
+        store_first(c_t + c, load_first(cos + t * dim + c, n), n);
+        store_first(s_t + c, load_first(sin + t * dim + c, n), n);
+      }
       for (int64_t h = 0; h < heads; ++h) {
         const T* xr = x + t * x_stride + h * dim;
         const float r = w ? inverse_rms(xr, dim, eps) : 0.f;
         for (int64_t c = 0; c < dim; c += 16) {
           const int64_t n = std::min<int64_t>(16, dim - c);
-          const vf v = w ? normed(xr, w + h * dim, r, c, n) : load_first(xr + c, n);
-          store_first(buf + c, v, n);
-          store_first(buf + dim + c, v, n);
+          const vf v = load_first(xr + c, n);
+          const vf u = w ? rounded<T>(load_first(wide_w + h * dim + c, n) * rounded<T>(v * splat(r))) : v;
+          store_first(buf + c, u, n);
+          store_first(buf + dim + c, u, n);
         }
         T* yr = y + (t * heads + h) * dim;
         for (int64_t c = 0; c < dim; c += 16) {
           const int64_t n = std::min<int64_t>(16, dim - c);
-          const vf a = rounded<T>(load_first(buf + c, n) * load_first(ct + c, n));
-          const vf b = rounded<T>(load_first(buf + half + c, n) * load_first(st + c, n));
+          const vf a = rounded<T>(load_first(buf + c, n) * load_first(c_t + c, n));
+          const vf b = rounded<T>(load_first(buf + half + c, n) * load_first(s_t + c, n));
           store_first(yr + c, a + b, n);
         }
       }

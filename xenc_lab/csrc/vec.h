@@ -132,6 +132,22 @@ XENC_INLINE void store_first(BFloat16* p, vf x, int64_t n) {
   _mm256_mask_storeu_epi16(p, first_lanes(n), h);
 }
 
+// x as a BFloat16 or Half holds it, widened back, in registers: the bits store_first writes and load_first reads.
+XENC_INLINE vf narrowed_bf16(vf x) {
+#if XENC_BF16_DOT
+  const __m512i h = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+#else
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i h = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+#endif
+  return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
+XENC_INLINE vf narrowed_half(vf x) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
 // 2^x for x <= 0: x = n + f with |f| <= 1/2, 2^f by the Cephes exp2f polynomial (relative error ~2e-7), 2^n by
 // vscalefps. Below -125 (-inf included) the result is 0: no lane computes a subnormal or underflowing value,
 // each of which costs a microcode assist on Intel cores (masked key lanes, at -inf, would do so on every row of
@@ -385,6 +401,26 @@ XENC_INLINE void with_count(int64_t n, F&& f) {
     }
   }
   f(std::integral_constant<int, N>{});
+}
+
+// x as the dtype T would hold it (fp32 as is): a round trip through T, in registers where the CPU converts there.
+template <typename T>
+XENC_INLINE vf rounded(vf x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+#if XENC_AVX512
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      return narrowed_bf16(x);
+    } else {
+      return narrowed_half(x);
+    }
+#else
+    T tmp[16];
+    store_first(tmp, x, 16);
+    return load_first(tmp, 16);
+#endif
+  }
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
