@@ -19,6 +19,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -321,6 +322,24 @@ struct RowBlocks {
   int64_t rows(int64_t i) const { return start(i + 1) - start(i); }
 };
 
+// Runs body(block, buffer, mi) for each row block mi of `rows` on the intra-op threads, each thread with a RowBlock
+// (`K4`) and a buffer of `floats` of its own, made once: a block goes to whichever thread comes free first, so that a
+// thread slowed by other work on its core takes fewer blocks instead of keeping the others waiting at the end. A
+// row's result is the same on any thread.
+template <typename Body>
+void for_each_row_block(const RowBlocks& rows, int64_t K4, int64_t floats, Body body) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), rows.count), 1, [&](int64_t, int64_t) {
+    RowBlock block(K4);
+    Scratch buffer(floats * static_cast<int64_t>(sizeof(float)));
+    for (int64_t mi = next.fetch_add(1, std::memory_order_relaxed); mi < rows.count;
+         mi = next.fetch_add(1, std::memory_order_relaxed)) {
+      body(block, buffer.as<float>(), mi);
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+
 // The LayerNorm a layer ends in, where given (norm_weight and norm_bias of x's type, out_features each): checked.
 template <typename T>
 std::optional<NormAffine> norm_of(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
@@ -412,17 +431,15 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
   T* Y = y.mutable_data_ptr<T>();
   const RowBlocks blocks_of_rows(M, at::get_num_threads());
   const int64_t x_stride = x.stride(0), nblk = layer.nblk;
-  if (norm) {  // a block of rows per thread at a time: all its columns, then its LayerNorm, while it is in cache
-    at::parallel_for(0, blocks_of_rows.count, 1, [&](int64_t begin, int64_t end) {
-      RowBlock block(layer.K4);
-      Scratch buffer(kNormRows * norm->width * static_cast<int64_t>(sizeof(float)));
-      for (int64_t mi = begin; mi < end; ++mi) {
-        const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
-        block.quantize(layer, X + m0 * x_stride, x_stride, rows);
-        int8_block(layer, block, rows, Y + m0 * width_out, width_out, res ? res + m0 * res_stride : nullptr,
-                   res_stride, &*norm, buffer.as<float>());
-      }
-      at::native::cpublas::brgemm_release(true);
+  // A block of rows at a time: all its columns, then its LayerNorm where there is one, while it is in cache. Where
+  // there are too few blocks to go round, tiles instead (below).
+  if (norm || blocks_of_rows.count >= 2 * at::get_num_threads()) {
+    for_each_row_block(blocks_of_rows, layer.K4, norm ? kNormRows * norm->width : 0,
+                       [&](RowBlock& block, float* buffer, int64_t mi) {
+      const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
+      block.quantize(layer, X + m0 * x_stride, x_stride, rows);
+      int8_block(layer, block, rows, Y + m0 * width_out, width_out, res ? res + m0 * res_stride : nullptr,
+                 res_stride, norm ? &*norm : nullptr, buffer);
     });
     return y;
   }
@@ -468,20 +485,18 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
   T* Y = y.mutable_data_ptr<T>();
   const RowBlocks blocks_of_rows(M, at::get_num_threads());
   const int64_t x_stride = x.stride(0);
-  at::parallel_for(0, blocks_of_rows.count, 1, [&](int64_t begin, int64_t end) {
-    RowBlock in(first.K4), mid(second.K4);
-    Scratch between(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)));
-    Scratch buffer(norm ? kNormRows * norm->width * static_cast<int64_t>(sizeof(float)) : 0);
-    T* H = between.as<T>();
-    for (int64_t mi = begin; mi < end; ++mi) {
-      const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
-      in.quantize(first, X + m0 * x_stride, x_stride, rows);
-      int8_block<T>(first, in, rows, H, hidden, nullptr, 0, nullptr, nullptr);
-      mid.quantize(second, H, hidden, rows);
-      int8_block(second, mid, rows, Y + m0 * second.N, second.N, res ? res + m0 * res_stride : nullptr, res_stride,
-                 norm ? &*norm : nullptr, buffer.as<float>());
-    }
-    at::native::cpublas::brgemm_release(true);
+  // The buffer holds the intermediate's rows (as T), then the LayerNorm's floats.
+  const int64_t between = round_up(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)), 64) / 4;
+  // One panel serves both layers in turn: the first's codes are spent when the intermediate is quantized.
+  for_each_row_block(blocks_of_rows, std::max(first.K4, second.K4), between + (norm ? kNormRows * norm->width : 0),
+                     [&](RowBlock& block, float* buffer, int64_t mi) {
+    T* H = reinterpret_cast<T*>(buffer);
+    const int64_t m0 = blocks_of_rows.start(mi), rows = blocks_of_rows.rows(mi);
+    block.quantize(first, X + m0 * x_stride, x_stride, rows);
+    int8_block<T>(first, block, rows, H, hidden, nullptr, 0, nullptr, nullptr);
+    block.quantize(second, H, hidden, rows);
+    int8_block(second, block, rows, Y + m0 * second.N, second.N, res ? res + m0 * res_stride : nullptr, res_stride,
+               norm ? &*norm : nullptr, buffer + between);
   });
   return y;
 }
