@@ -59,7 +59,9 @@ XENC_INLINE vf butterfly_in_register(vf v) {  // strides 1, 2, 4, 8 among a regi
   } else {
     partner = _mm512_shuffle_f32x4(v, v, 0x4E), second = 0xFF00;
   }
-  return _mm512_mask_sub_ps(v + partner, second, partner, v);  // a + b first, a - b second
+  // a + b first, a - b second, as b * 1 + a and b * -1 + a: one fused op, each sum rounded once, as an add's
+  const vf sign = _mm512_mask_mov_ps(splat(1.f), second, splat(-1.f));
+  return fma(v, sign, partner);
 }
 
 XENC_INLINE void hadamard_block(vf v[8]) {
