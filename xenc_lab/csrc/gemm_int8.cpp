@@ -311,9 +311,9 @@ struct RowBlock {
   }
 };
 
-// M rows cut into blocks of at most kInt8Rows, as many blocks per thread, their sizes within one row of each other:
-// at::parallel_for then gives each thread the same work (M = 4096 in blocks of 96 left one thread a block more, and
-// the other waiting). Blocks of at least 8 rows where M allows, each of which reads all of a layer's weights.
+// M rows cut into blocks of at most kInt8Rows, as many blocks per thread, their sizes within one row of each other,
+// so that no thread is left a block more than the others (M = 4096 in blocks of 96 did that). Blocks of at least 8
+// rows where M allows, each of which reads all of a layer's weights.
 struct RowBlocks {
   int64_t M, count;
   RowBlocks(int64_t rows, int64_t threads) : M(rows) {
@@ -445,7 +445,8 @@ at::Tensor linear_int8_on(const at::Tensor& x, const at::Tensor& blocks, const a
     });
     return y;
   }
-  // Tiles in row-major order, so that a thread's consecutive tiles share rows of x (quantized once).
+  // Too few blocks to go round: tiles in row-major order, so that a thread's consecutive tiles share rows of x
+  // (quantized once).
   at::parallel_for(0, blocks_of_rows.count * nblk, 1, [&](int64_t begin, int64_t end) {
     RowBlock block(layer.K4);
     int64_t quantized = -1;
