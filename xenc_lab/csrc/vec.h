@@ -403,11 +403,28 @@ XENC_INLINE void with_count(int64_t n, F&& f) {
   f(std::integral_constant<int, N>{});
 }
 
-// x as the dtype T would hold it (fp32 as is): a round trip through T, in registers where the CPU converts there.
+// x as it stands, rounded: the build contracts a * b + c into one FMA (-ffp-contract=fast), which skips the
+// product's rounding; an empty asm that takes and gives x in its registers keeps a product a product.
+XENC_INLINE vf materialized(vf x) {
+#if XENC_AVX512
+  asm("" : "+v"(x));
+#elif defined(__x86_64__) || defined(__i386__)
+  for (auto& part : x.part) asm("" : "+x"(part));
+#elif defined(__aarch64__)
+  for (auto& part : x.part) asm("" : "+w"(part));
+#else
+  volatile vf held = x;
+  x = held;
+#endif
+  return x;
+}
+
+// x as the dtype T would hold it: a round trip through T, in registers where the CPU converts there; in fp32 x
+// itself, rounded (``materialized``), so that a sum of rounded products rounds each product, as torch's ops do.
 template <typename T>
 XENC_INLINE vf rounded(vf x) {
   if constexpr (std::is_same_v<T, float>) {
-    return x;
+    return materialized(x);
   } else {
 #if XENC_AVX512
     if constexpr (std::is_same_v<T, BFloat16>) {
