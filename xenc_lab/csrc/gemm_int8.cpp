@@ -489,7 +489,8 @@ at::Tensor mlp_int8_on(const at::Tensor& x, const Int8Layer& first, const Int8La
   const RowBlocks blocks_of_rows(M, at::get_num_threads());
   const int64_t x_stride = x.stride(0);
   // The buffer holds the intermediate's rows (as T), then the LayerNorm's floats.
-  const int64_t between = round_up(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)), 64) / 4;
+  const int64_t between = round_up(kInt8Rows * hidden * static_cast<int64_t>(sizeof(T)), 64) /
+                          static_cast<int64_t>(sizeof(float));
   // One panel serves both layers in turn: the first's codes are spent when the intermediate is quantized.
   for_each_row_block(blocks_of_rows, std::max(first.K4, second.K4), between + (norm ? kNormRows * norm->width : 0),
                      [&](RowBlock& block, float* buffer, int64_t mi) {

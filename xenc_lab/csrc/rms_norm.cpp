@@ -37,9 +37,9 @@ XENC_INLINE float inverse_rms(const T* x, int64_t d, float eps) {
   return 1.f / std::sqrt(reduce_add(squares) / static_cast<float>(d) + eps);
 }
 
-// weight * (x * r): x * r in fp32, rounded to T, times the weight (widened), rounded to T.
-template <typename T>
-XENC_INLINE vf normed(const T* x, const T* w, float r, int64_t c, int64_t n) {
+// weight * (x * r): x * r in fp32, rounded to T, times the weight (of T, or already widened to float), rounded to T.
+template <typename T, typename W>
+XENC_INLINE vf normed(const T* x, const W* w, float r, int64_t c, int64_t n) {
   return rounded<T>(load_first(w + c, n) * rounded<T>(load_first(x + c, n) * splat(r)));
 }
 
@@ -60,17 +60,18 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* y, int64_t rows,
 
 // Each head row h of token t: normalized with weight w[h] (if w), then x * cos[t] + roll(x, D / 2) * sin[t], sin
 // holding the first half's sines negated (rotate_half(x) * sin, as ``models.decoder.rotate`` reads it). The weights
-// are widened to fp32 once per thread and a token's cos and sin once for all its heads.
+// are widened to fp32 once per call and a token's cos and sin once for all its heads.
 template <typename T>
 void rope_rows(const T* x, int64_t x_stride, int64_t heads, const T* w, const T* cos, const T* sin, T* y,
                int64_t tokens, int64_t dim, float eps) {
-  const int64_t half = dim / 2, width = round_up(dim, 16);
+  const int64_t half = dim / 2, weights = w ? heads * dim : 0;
+  Scratch widened(weights * static_cast<int64_t>(sizeof(float)));  // head h's weights at h * dim
+  float* wide_w = widened.as<float>();
+  for (int64_t i = 0; i < weights; i += 16) {
+    const int64_t n = std::min<int64_t>(16, weights - i);
+    store_first(wide_w + i, load_first(w + i, n), n);
+  }
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-    Scratch scratch((w ? heads * width : 0) * static_cast<int64_t>(sizeof(float)));
-    float* wide_w = scratch.as<float>();
-    for (int64_t i = 0; w && i < heads * dim; i += 16) {  // heads * dim weights end to end; rows start at h * dim
-      store_first(wide_w + i, load_first(w + i, std::min<int64_t>(16, heads * dim - i)), 16);
-    }
     float buf[2 * kMaxRopeDim + 16];  // the head row twice, end to end: its roll by D / 2 is a window of it
     float c_t[kMaxRopeDim + 16], s_t[kMaxRopeDim + 16];
     for (int64_t t = begin; t < end; ++t) {
@@ -84,10 +85,9 @@ void rope_rows(const T* x, int64_t x_stride, int64_t heads, const T* w, const T*
         const float r = w ? inverse_rms(xr, dim, eps) : 0.f;
         for (int64_t c = 0; c < dim; c += 16) {
           const int64_t n = std::min<int64_t>(16, dim - c);
-          const vf v = load_first(xr + c, n);
-          const vf u = w ? rounded<T>(load_first(wide_w + h * dim + c, n) * rounded<T>(v * splat(r))) : v;
-          store_first(buf + c, u, n);
-          store_first(buf + dim + c, u, n);
+          const vf v = w ? normed(xr, wide_w + h * dim, r, c, n) : load_first(xr + c, n);
+          store_first(buf + c, v, n);
+          store_first(buf + dim + c, v, n);
         }
         T* yr = y + (t * heads + h) * dim;
         for (int64_t c = 0; c < dim; c += 16) {

@@ -119,30 +119,25 @@ XENC_INLINE void store_first(float* p, vf x, int64_t n) { _mm512_mask_storeu_ps(
 XENC_INLINE void store_first(Half* p, vf x, int64_t n) {
   _mm256_mask_storeu_epi16(p, first_lanes(n), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-XENC_INLINE void store_first(BFloat16* p, vf x, int64_t n) {
+// x's 16 BFloat16 values (rounded to nearest even, NaN made quiet), as 16-bit lanes.
+XENC_INLINE __m256i bf16_bits(vf x) {
 #if XENC_BF16_DOT
-  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
 #else
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  const __m256i h = _mm512_cvtepi32_epi16(r);
+  return _mm512_cvtepi32_epi16(r);
 #endif
-  _mm256_mask_storeu_epi16(p, first_lanes(n), h);
+}
+XENC_INLINE void store_first(BFloat16* p, vf x, int64_t n) {
+  _mm256_mask_storeu_epi16(p, first_lanes(n), bf16_bits(x));
 }
 
 // x as a BFloat16 or Half holds it, widened back, in registers: the bits store_first writes and load_first reads.
 XENC_INLINE vf narrowed_bf16(vf x) {
-#if XENC_BF16_DOT
-  const __m512i h = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
-#else
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i h = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-#endif
-  return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(x)), 16));
 }
 XENC_INLINE vf narrowed_half(vf x) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
