@@ -462,3 +462,75 @@ def test_the_memory_note_gives_scorings_growth_over_the_loaded_model_and_input()
     assert bench.memory_facts({**small, "peak_gpu": 90.0}, {**large, "peak_gpu": 95.0})["peak_gpu"] == (90.0, 95.0)
     note = bench.memory_note(small, large, "bfloat16", "cpu")  # the sentence gives every figure
     assert [f for f in ("504", "540", "2,000", "20,000", "650", "688", "+146", "+148", "10x") if f not in note] == []
+
+
+@pytest.mark.parametrize(("vendor", "model", "flags", "family", "slug"), [
+    ("GenuineIntel", "Intel(R) Xeon(R) Platinum 8480+", {"amx_tile", "avx512f"}, "family 6, model 143",
+     "intel-xeon-amx"),
+    ("AuthenticAMD", "AMD EPYC 9R14 96-Core Processor", {"avx512f", "avx512_bf16"}, "family 25, model 17",
+     "amd-epyc-zen4"),
+    ("AuthenticAMD", "AMD EPYC 7763", {"avx2"}, "family 25, model 1", "amd-epyc-zen3"),
+    ("AuthenticAMD", "AMD EPYC 7571", {"avx2"}, "family 23, model 1", "amd-epyc-zen1"),
+    ("AuthenticAMD", "AMD EPYC", {"avx512f"}, "family 26, model 2", "amd-epyc-zen5"),
+    ("GenuineIntel", "Intel(R) Core(TM) i7-8700", {"avx2"}, "family 6, model 158", "intel-core-avx2"),
+    ("", "Apple M2", set(), "", "apple-m2"),
+])
+def test_a_machines_reports_folder_is_named_from_its_cpu(vendor, model, flags, family, slug):
+    from xenc_lab.cpu.info import CpuInfo
+
+    assert bench.machine_slug(CpuInfo(vendor, model, frozenset(flags), family)) == slug
+
+
+def _goal_rows(st_bf16: float) -> list:
+    return [
+        bench.BenchRow(workload, dtype, engine, 8, 90.0, rate, rate / st, 100.0, 0.5, 0.0, 0.8)
+        for workload, st, bf16, int8 in (("short", st_bf16, 20.0, 33.0), ("mixed", 10.0, 20.0, 30.0))
+        for dtype, engine, rate in (("bfloat16", "sentence-transformers", st), ("bfloat16", "xenc_lab", bf16),
+                                    ("bfloat16", "xenc_lab int8", int8), ("float32", "xenc_lab int8", 2 * int8))
+    ]
+
+
+def test_the_report_checks_int8_against_xenc_labs_bf16_and_amxs_bf16_against_sentence_transformers(tmp_path,
+                                                                                                      monkeypatch):
+    rows = _goal_rows(st_bf16=16.0)
+    assert bench.goals(rows, frozenset({"avx512_vnni"})) == [
+        ("short: int8 >= 1.6x xenc_lab's bf16 pairs/s", "1.65x", True),
+        ("mixed: int8 >= 1.6x xenc_lab's bf16 pairs/s", "1.50x", False),
+    ]
+    amx = bench.goals(rows, frozenset({"amx_tile", "amx_bf16"}))
+    assert amx[2:] == [("short: bf16 >= 1.5x sentence-transformers' bf16 (AMX)", "1.25x", False),
+                       ("mixed: bf16 >= 1.5x sentence-transformers' bf16 (AMX)", "2.00x", True)]
+    monkeypatch.setattr(bench.report, "cpu_info", lambda: bench.report.CpuInfo("", "x", frozenset({"amx_bf16"})))
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench --int8").read_text()
+    assert "- short: int8 >= 1.6x xenc_lab's bf16 pairs/s: 1.65x — met" in text
+    assert "- short: bf16 >= 1.5x sentence-transformers' bf16 (AMX): 1.25x — **missed**" in text
+    assert bench.goals([r for r in rows if r.engine != "xenc_lab int8"], frozenset()) == []
+
+
+def test_a_new_encoder_report_keeps_the_decoder_and_serving_sections_of_the_last(tmp_path):
+    rows = _goal_rows(st_bf16=16.0)
+    bench.write_report(rows, tmp_path, "xenc-lab bench")
+    bench.report.append_section(tmp_path / "throughput.md", "## Decoder rerankers\n\ndecoder rows\n")
+    bench.report.append_section(tmp_path / "throughput.md", "## Serving\n\nserving rows\n")
+    text = bench.write_report(rows[:4], tmp_path, "xenc-lab bench --workloads short").read_text()
+    assert text.startswith("# Throughput: xenc_lab against sentence-transformers") and text.count("# Throughput") == 1
+    assert text.endswith("## Decoder rerankers\n\ndecoder rows\n\n## Serving\n\nserving rows\n")
+    assert "| mixed |" not in text  # the encoder part is the new run's alone
+
+
+def test_one_command_runs_a_cpus_benchmarks_into_its_reports_folder(tmp_path, capsys):
+    from xenc_lab.bench import cpu_reports as M
+
+    commands = M.step_commands(tmp_path, bf16=False)
+    assert list(commands) == ["encoders", "decoder", "peers"]
+    assert commands["encoders"][2:] == ["xenc_lab.cli", "bench", "--int8", "--pairs", "256", "--repeats", "3",
+                                        "--report", str(tmp_path)]
+    decoder = commands["decoder"]
+    assert decoder[decoder.index("--dtypes") + 1] == "float32" and "--int8" in decoder
+    assert commands["peers"][-2:] == ["--report", str(tmp_path / "peers.md")]
+    with pytest.raises(ValueError, match="steps are encoders, decoder, peers; got 'gpu'"):
+        M.step_commands(tmp_path, ("gpu",))
+    assert M.main(["--dry-run", "--steps", "decoder", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("== decoder: ") and "-m xenc_lab.cli bench --decoder qwen3-0.6b --int8" in out
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
