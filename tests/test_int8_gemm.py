@@ -21,12 +21,13 @@ def _layer(n: int, k: int, seed: int = 0) -> nn.Linear:
 
 
 def test_the_kernel_runs_where_the_cpu_has_int8_dot_products():
-    """The self-check falls back to the torch route on a wrong result: on a CPU with VNNI or AMX-INT8, and a build
-    with the brgemm, that fallback would hide a broken kernel, so it fails here."""
+    """The self-check falls back to the torch route on a wrong result: on a CPU with AVX512-VNNI or AMX-INT8 (what
+    ATen's int8 brgemm asks of oneDNN; AVX-VNNI alone is not enough), and a build with the brgemm, that fallback would
+    hide a broken kernel, so it fails here."""
     from xenc_lab.cpu.info import cpu_info
     from xenc_lab.cpu.native import available
 
-    if not {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_info().flags:
+    if not {"avx512_vnni", "amx_int8"} & cpu_info().flags:
         pytest.skip("no int8 dot-product units on this CPU")
     if not available() or not torch.ops.xenc_lab.int8_gemm_built():
         pytest.skip("this build has no int8 brgemm")
@@ -162,6 +163,18 @@ def test_int8_decoders_gate_their_silu_mlps_and_score_as_ungated(monkeypatch):
     assert not any(getattr(m, "gated", False) for m in ungated.engine.runner.model.modules())
     theirs = torch.tensor(ungated.predict(pairs, show_progress_bar=False))
     assert theirs.std() > 0.1 and (ours - theirs).abs().max() <= 1e-4 * (theirs.max() - theirs.min())
+
+
+def test_int8_on_torchs_ops_warns_that_it_is_slower_than_float32(tiny_dir, monkeypatch, recwarn):
+    """Where ATen's int8 brgemm does not run (CPUs without AVX512-VNNI or AMX), int8 is correct but slower than
+    float32: the user is told when the model loads."""
+    from xenc_lab import Scorer, loader
+
+    Scorer(str(tiny_dir), device="cpu", dtype="float32", quantization="int8")
+    assert not [w for w in recwarn if "slower than float32" in str(w.message)] or loader.int8_route() == "torch"
+    monkeypatch.setattr(loader, "int8_route", lambda: "torch")
+    with pytest.warns(UserWarning, match="runs on torch's int8 ops on this CPU: correct, but slower than float32"):
+        Scorer(str(tiny_dir), device="cpu", dtype="float32", quantization="int8")
 
 
 def _ungated(init):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from transformers import AutoConfig, PretrainedConfig
 from . import choices as engine_choices
 from .choices import Choices
 from .cpu.heap import keep_freed_batches
-from .cpu.int8 import quantize_linears
+from .cpu.int8 import int8_route, quantize_linears
 from .cpu.norm import row_layer_norms
 from .cpu.prepacked import prepack_linears
 from .models import ARCHITECTURES, PackedModel
@@ -23,6 +24,10 @@ logger = logging.getLogger(__name__)
 
 # Tensors some checkpoints carry that hold no weights: position id buffers written by old transformers.
 _IGNORED_SUFFIXES = ("position_ids",)
+INT8_ON_TORCH_OPS = (
+    "quantization='int8' runs on torch's int8 ops on this CPU: correct, but slower than float32. xenc_lab's int8 "
+    "GEMM runs ATen's int8 brgemm, which needs AVX512-VNNI or AMX (docs/int8.md, 'Where int8 is fast')."
+)
 _FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*.jinja"]
 
 
@@ -177,6 +182,8 @@ def load_model(
     if device.type == "cpu":
         keep_freed_batches()
         if quantization == "int8":
+            if int8_route() == "torch":
+                warnings.warn(INT8_ON_TORCH_OPS, stacklevel=2)
             # the per-pair linears stay at dtype: quantizing them puts rounding straight onto the score
             quantize_linears(model, keep=model.per_pair_linears(), rotate=True)
         prepack_linears(model, choices, keep=model.per_pair_linears() if dtype == torch.float32 else ())

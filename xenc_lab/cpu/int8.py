@@ -8,11 +8,11 @@ A layer whose GELU or silu(gate) * up feeds another int8 layer can run with it a
 
 Two routes, the first that runs here (docs/int8.md has the measurements behind them):
 
-- ``"kernel"``: xenc_lab's GEMM (``csrc/gemm_int8.cpp``), ATen's u8 x s8 brgemm ukernel (oneDNN: AVX512-VNNI,
-  AVX-VNNI or AMX-INT8 where the CPU has them), x quantized a block of rows at a time in cache, the epilogue on each
+- ``"kernel"``: xenc_lab's GEMM (``csrc/gemm_int8.cpp``), ATen's u8 x s8 brgemm ukernel (oneDNN's AVX512-VNNI or
+  AMX-INT8: ATen runs it on no other CPU), x quantized a block of rows at a time in cache, the epilogue on each
   output tile in cache. Checked once per process on a small problem against the same arithmetic in torch.
 - ``"torch"``: the same arithmetic with torch's ops (``torch._int_mm`` for the int32 product): CPUs or builds where
-  the kernel does not run.
+  the kernel does not run (AVX2 and AVX-VNNI CPUs among them), slower there than float32; loading warns of it.
 """
 from __future__ import annotations
 

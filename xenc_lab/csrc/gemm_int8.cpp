@@ -4,7 +4,7 @@
 // - x is quantized here, per row (token), to unsigned bytes with a zero point, with no calibration: the row's range
 //   [min(x, 0), max(x, 0)] in 255 steps of s, u = round(x * (1 / s)) + z, z = round(-min / s). A row after a GELU
 //   (mostly positive) keeps all 8 bits this way, not 7 (docs/int8.md measures both).
-// - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd, AVX-VNNI, AMX-INT8):
+// - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd or AMX-INT8, as ATen asks):
 //   the zero point times the column sums sum_k W[n, k] (computed at load) is taken off each int32 sum, which is then
 //   exact: sum_k (u[m, k] - z[m]) W[n, k].
 // - Epilogue on each row of an output tile while it is in cache, in one pass: sum * (s[m] * scale_w[n]) + bias[n]
