@@ -10,7 +10,9 @@ from torch import nn
 from xenc_lab import choices as engine_choices
 from xenc_lab.config import ScorerConfig
 from xenc_lab.cpu.int8 import Int8Linear, int8_kernel_available, int8_mlp_available, int8_norm_available
-from xenc_lab.cpu.int8_math import ROTATION, gated_order, hadamard_rows, quantize_rows, quantize_weight
+from xenc_lab.cpu.int8_math import (
+    ROTATION, gated_order, hadamard_rows, int_products, quantize_rows, quantize_weight,
+)
 
 needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="the int8 kernel does not run here")
 
@@ -22,12 +24,12 @@ def _layer(n: int, k: int, seed: int = 0) -> nn.Linear:
 
 def test_the_kernel_runs_where_the_cpu_has_int8_dot_products():
     """The self-check falls back to the torch route on a wrong result: on a CPU with AVX512-VNNI or AMX-INT8 (what
-    ATen's int8 brgemm asks of oneDNN; AVX-VNNI alone is not enough), and a build with the brgemm, that fallback would
-    hide a broken kernel, so it fails here."""
+    ATen's int8 brgemm asks of oneDNN) or AVX-VNNI (the kernel's own products), and a build with the brgemm, that
+    fallback would hide a broken kernel, so it fails here."""
     from xenc_lab.cpu.info import cpu_info
     from xenc_lab.cpu.native import available
 
-    if not {"avx512_vnni", "amx_int8"} & cpu_info().flags:
+    if not {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_info().flags:
         pytest.skip("no int8 dot-product units on this CPU")
     if not available() or not torch.ops.xenc_lab.int8_gemm_built():
         pytest.skip("this build has no int8 brgemm")
@@ -175,6 +177,62 @@ def test_int8_on_torchs_ops_warns_that_it_is_slower_than_float32(tiny_dir, monke
     monkeypatch.setattr(loader, "int8_route", lambda: "torch")
     with pytest.warns(UserWarning, match="runs on torch's int8 ops on this CPU: correct, but slower than float32"):
         Scorer(str(tiny_dir), device="cpu", dtype="float32", quantization="int8")
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_own_256_bit_products_compute_the_brgemms_outputs_to_the_bit(dtype):
+    """The products CPUs with AVX-VNNI alone get (ATen's brgemm refuses them), run here on AVX512-VNNI's 256-bit
+    form where the build has it: one and two layers, partial blocks of rows and columns, rotated or not, GELU, a
+    residual, a gated layer and a LayerNorm at the end, against ATen's brgemm."""
+    from xenc_lab.cpu.int8 import int8_products
+
+    if not torch.ops.xenc_lab.int8_own_products(False):
+        pytest.skip("this build has no 256-bit VNNI products (neither AVX-VNNI nor AVX512-VNNI with AVX512-VL)")
+    assert int8_products() == "brgemm"  # ATen's where it runs
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(203, 256, generator=g).to(dtype)
+    residual = torch.randn(203, 200, generator=g).to(dtype)
+    rotated, plain = Int8Linear(_layer(200, 256, 1), "kernel", rotate=True), Int8Linear(_layer(200, 256, 2), "kernel")
+    gated = Int8Linear(_layer(128, 256, 3), "kernel", gated=True)
+    first, second = Int8Linear(_layer(256, 256, 4), "kernel", rotate=True), Int8Linear(_layer(200, 256, 5), "kernel")
+    norm = nn.LayerNorm(200).to(dtype) if dtype != torch.float32 and int8_norm_available() else None
+    calls = {
+        "rotated, gelu": lambda: rotated._gemm(x, "gelu"),
+        "plain, residual": lambda: plain._gemm(x, "none", residual),
+        "gated": lambda: gated._gemm(x, "silu_mul"),
+        "a few rows": lambda: plain._gemm(x[:5], "none"),
+        "two layers": lambda: first.then(second, x, "gelu", residual, norm) if int8_mlp_available() else None,
+    }
+    try:
+        for name, call in calls.items():
+            theirs = call()
+            torch.ops.xenc_lab.int8_own_products(True)
+            ours = call()
+            torch.ops.xenc_lab.int8_own_products(False)
+            assert theirs is None or (theirs.float().std() > 0.1 and torch.equal(ours, theirs)), name
+    finally:
+        torch.ops.xenc_lab.int8_own_products(False)
+
+
+def test_the_torch_routes_int32_sums_are_exact_where_one_float32_product_would_round():
+    """The torch route's sums (and so the kernel's check) must be exact on every CPU: ``torch._int_mm`` saturates
+    without AVX512-VNNI, and a float32 GEMM over all of k rounds past 2^24."""
+    g = torch.Generator().manual_seed(5)
+    u = torch.randint(200, 256, (7, 3072), generator=g).to(torch.uint8)
+    z = torch.randint(0, 4, (7, 1), generator=g).float()
+    w = torch.randint(100, 128, (3072, 65), generator=g).to(torch.int8)
+    w[::3] = -w[::3]
+    exact = (u.long() - z.long()) @ w.long()
+    assert exact.abs().max() > 2**24  # where float32 cannot hold every sum
+    assert not torch.equal(((u.float() - z) @ w.float()).long(), exact)
+    assert torch.equal(int_products(u, z, w).long(), exact)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")  # float32 GEMMs may take bf16 then: the sums go to float64
+        assert torch.equal(int_products(u, z.flatten(), w).long(), exact)
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 def _ungated(init):

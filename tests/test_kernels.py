@@ -345,7 +345,8 @@ def test_a_build_killed_halfway_does_not_block_the_next(tmp_path):
 
 # The builds other CPUs get: with AVX512-BF16, bf16 attention on the pair dot product (AMD cores) or on fp32 FMAs
 # (Intel cores), and the generic vectors (no AVX-512: AVX2, NEON, ...). This machine builds them with extra flags
-# and runs the numerical tests above on them. (build: flags, the CPU flag it needs, whether it is this CPU's own)
+# and runs the numerical tests above on them, with the decoder kernels' and the int8 GEMM's (the int8 code a CPU
+# with AVX-VNNI alone runs, but its products). (build: flags, the CPU flag it needs, whether it is this CPU's own)
 OTHER_BUILDS = {
     "bf16-pair-dot": ("-DXENC_PAIRED_BF16=1", "avx512_bf16", kernels.paired_bf16),
     "bf16-widened": ("-DXENC_PAIRED_BF16=0", "avx512_bf16", lambda: not kernels.paired_bf16()),
@@ -366,7 +367,8 @@ def test_the_builds_of_other_cpus(attention, build, monkeypatch):
     numerical = "not subprocess and not environment and not compiler and not killed and not other_cpus and not traceable"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         str(Path(__file__).with_name("test_decoder_kernels.py")), "-k", numerical],
+         str(Path(__file__).with_name("test_decoder_kernels.py")), str(Path(__file__).with_name("test_int8_gemm.py")),
+         "-k", numerical],
         check=False,
         env={**os.environ, "XENC_LAB_KERNEL_CFLAGS": flags},
         capture_output=True,

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 _IGNORED_SUFFIXES = ("position_ids",)
 INT8_ON_TORCH_OPS = (
     "quantization='int8' runs on torch's int8 ops on this CPU: correct, but slower than float32. xenc_lab's int8 "
-    "GEMM runs ATen's int8 brgemm, which needs AVX512-VNNI or AMX (docs/int8.md, 'Where int8 is fast')."
+    "GEMM needs int8 dot products: AVX512-VNNI, AMX-INT8 or AVX-VNNI (docs/int8.md, 'Where int8 is fast')."
 )
 _FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*.jinja"]
 

@@ -8,11 +8,12 @@ A layer whose GELU or silu(gate) * up feeds another int8 layer can run with it a
 
 Two routes, the first that runs here (docs/int8.md has the measurements behind them):
 
-- ``"kernel"``: xenc_lab's GEMM (``csrc/gemm_int8.cpp``), ATen's u8 x s8 brgemm ukernel (oneDNN's AVX512-VNNI or
-  AMX-INT8: ATen runs it on no other CPU), x quantized a block of rows at a time in cache, the epilogue on each
+- ``"kernel"``: xenc_lab's GEMM (``csrc/gemm_int8.cpp``): the products on ATen's u8 x s8 brgemm ukernel (oneDNN's
+  AVX512-VNNI or AMX-INT8: ATen runs it on no other CPU), else on the kernel's own 256-bit VNNI products (CPUs with
+  AVX-VNNI alone), x quantized a block of rows at a time in cache, the epilogue on each
   output tile in cache. Checked once per process on a small problem against the same arithmetic in torch.
-- ``"torch"``: the same arithmetic with torch's ops (``torch._int_mm`` for the int32 product): CPUs or builds where
-  the kernel does not run (AVX2 and AVX-VNNI CPUs among them), slower there than float32; loading warns of it.
+- ``"torch"``: the same arithmetic with torch's ops (the int32 sums by exact float GEMMs): CPUs or builds where
+  the kernel does not run (CPUs with AVX2 alone among them), slower there than float32; loading warns of it.
 """
 from __future__ import annotations
 
@@ -47,7 +48,34 @@ def int8_kernel_available() -> bool:
     against the same quantized arithmetic done with torch's ops."""
     if not available() or not torch.ops.xenc_lab.int8_gemm_built():
         return False
-    return once("int8 gemm", _int8_check)
+    return once("int8 gemm", _choose_products)
+
+
+def _choose_products() -> bool:
+    """ATen's brgemm for the products where it passes the check; else, where this build has them, the kernel's own
+    on 256-bit registers (CPUs with AVX-VNNI but not AVX512-VNNI, on which ATen's brgemm refuses u8 x s8), checked
+    the same way."""
+    if _int8_check():
+        return True
+    global _own_products
+    if torch.ops.xenc_lab.int8_own_products(True):
+        if _int8_check():
+            logger.info("xenc_lab's int8 GEMM runs its own 256-bit VNNI products here (ATen's int8 brgemm does not)")
+            _own_products = True
+            return True
+        torch.ops.xenc_lab.int8_own_products(False)
+    return False
+
+
+_own_products = False  # what _choose_products chose
+
+
+def int8_products() -> str | None:
+    """What multiplies the kernel route's int8 codes here: "brgemm" (ATen's, oneDNN: AVX512-VNNI or AMX-INT8), "own"
+    (the kernel's 256-bit VNNI products), or None where the kernel does not run."""
+    if not int8_kernel_available():
+        return None
+    return "own" if _own_products else "brgemm"
 
 
 def _int8_check() -> bool:
@@ -290,7 +318,8 @@ class Int8Linear(PrepackedLinear):
     def extra_repr(self) -> str:
         gated = ", gated: silu(gate) * up" if self.gated else ""
         rotated = f", inputs rotated by {self.rotation}" if self.rotation else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.route}){gated}{rotated}"
+        route = f"kernel, {int8_products()} products" if self.route == "kernel" else self.route
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({route}){gated}{rotated}"
 
 
 class _Columns:

@@ -77,15 +77,30 @@ def silu_mul(y: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(y.shape[0], -1)
 
 
+# Columns of k per float32 product in int_products: |(u - z) w| <= 255 * 127, and 512 such terms sum below 2^24, so
+# every partial sum is an integer that float32 holds exactly, whatever order the GEMM adds in.
+EXACT_K = 512
+
+
+def int_products(u: torch.Tensor, z: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """sum_k (u[m, k] - z[m]) weight_t[k, n] for codes u (M, K) uint8, zero points z (M values) and an int8 weight_t
+    (K, N), exact, as int32: float32 GEMMs over blocks of EXACT_K columns of k (float64 where float32 matmuls may
+    run at lower precision, ``torch.set_float32_matmul_precision``). ``torch._int_mm`` is not exact on CPUs without
+    AVX512-VNNI or AMX: oneDNN's ``vpmaddubsw`` saturates its 16-bit pair sums there."""
+    dtype = torch.float32 if torch.get_float32_matmul_precision() == "highest" else torch.float64
+    centered, w = u.to(dtype) - z.to(dtype).reshape(-1, 1), weight_t.to(dtype)
+    sums = torch.zeros(u.shape[0], w.shape[1], dtype=torch.int32)
+    for k0 in range(0, u.shape[1], EXACT_K):
+        sums += (centered[:, k0:k0 + EXACT_K] @ w[k0:k0 + EXACT_K]).to(torch.int32)
+    return sums
+
+
 def torch_linear_int8(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                        activation: str, residual: torch.Tensor | None, rotation: int = 0) -> torch.Tensor:
     """The torch route: x (M, K) rotated (where ``rotation``) and quantized per row, the (K, N) int8 weight_t
-    multiplied by ``torch._int_mm`` (int8 by int8: the codes less 128, the zero points less 128 times the column sums
-    taken off)."""
+    multiplied exactly (``int_products``)."""
     u, x_scale, z = quantize_rows(hadamard_rows(x.float()) if rotation else x)
-    q = (u.to(torch.int16) - 128).to(torch.int8)
-    sums = (torch._int_mm(q, weight_t) - (z.int() - 128) * weight_t.sum(dim=0, dtype=torch.int32)).float()
-    y = sums.mul_(x_scale).mul_(scale)
+    y = int_products(u, z, weight_t).float().mul_(x_scale).mul_(scale)
     if bias is not None:
         y.add_(bias)
     if activation == "gelu":

@@ -4,7 +4,8 @@
 // - x is quantized here, per row (token), to unsigned bytes with a zero point, with no calibration: the row's range
 //   [min(x, 0), max(x, 0)] in 255 steps of s, u = round(x * (1 / s)) + z, z = round(-min / s). A row after a GELU
 //   (mostly positive) keeps all 8 bits this way, not 7 (docs/int8.md measures both).
-// - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd or AMX-INT8, as ATen asks):
+// - The products are ATen's u8 x s8 -> s32 brgemm ukernel (oneDNN: AVX512-VNNI's vpdpbusd or AMX-INT8), or our own
+//   on 256-bit registers where ATen's refuses (AVX-VNNI alone, own_products below):
 //   the zero point times the column sums sum_k W[n, k] (computed at load) is taken off each int32 sum, which is then
 //   exact: sum_k (u[m, k] - z[m]) W[n, k].
 // - Epilogue on each row of an output tile while it is in cache, in one pass: sum * (s[m] * scale_w[n]) + bias[n]
@@ -22,6 +23,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -324,6 +326,66 @@ struct RowBlocks {
   int64_t rows(int64_t i) const { return start(i + 1) - start(i); }
 };
 
+// Products of our own, C (rows x kInt8Cols int32, row stride kInt8Cols) = A (rows x K4 u8, row stride K4) times one
+// block of W^T (K4 / 4 groups of kInt8Cols x 4 s8: the VNNI layout), on 256-bit registers: AVX-VNNI's vpdpbusd, or
+// AVX512-VNNI's on 256-bit registers where the build has that. They run where ATen's brgemm does not (it asks oneDNN
+// for AVX512-VNNI or AMX: Intel's client cores since Alder Lake and its E-core Xeons have AVX-VNNI alone), chosen by
+// int8_own_products(). The sums are exact int32, so they equal the brgemm's to the bit.
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define XENC_OWN_VNNI 1
+XENC_INLINE __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, a, b);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, a, b);
+#endif
+}
+
+// R rows (at most 6) by 16 columns at a time: 2R accumulators, 2 registers of W^T and one of x, within AVX2's 16.
+template <int R>
+XENC_INLINE void own_product_rows(const uint8_t* A, int64_t K4, const int8_t* B, int32_t* C) {
+  const int64_t groups = K4 / 4;
+  for (int64_t c0 = 0; c0 < kInt8Cols; c0 += 16) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    }
+    const int8_t* b = B + c0 * 4;
+    for (int64_t g = 0; g < groups; ++g, b += kInt8Cols * 4) {
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;  // row r's 4 codes of group g
+        std::memcpy(&quad, A + r * K4 + 4 * g, sizeof(quad));
+        const __m256i a = _mm256_set1_epi32(quad);
+        acc[r][0] = dpbusd(acc[r][0], a, b0);
+        acc[r][1] = dpbusd(acc[r][1], a, b1);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(C + r * kInt8Cols + c0), acc[r][0]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(C + r * kInt8Cols + c0 + 8), acc[r][1]);
+    }
+  }
+}
+
+void own_products(int64_t rows, int64_t K4, const uint8_t* A, const int8_t* B, int32_t* C) {
+  constexpr int kRows = 6;
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) {
+    own_product_rows<kRows>(A + r * K4, K4, B, C + r * kInt8Cols);
+  }
+  if (r < rows) {
+    with_count<kRows - 1>(rows - r, [&](auto count) { own_product_rows<count()>(A + r * K4, K4, B, C + r * kInt8Cols); });
+  }
+}
+#else
+#define XENC_OWN_VNNI 0
+#endif
+
+// Whether the products are our own (above) rather than ATen's brgemm: set by int8_own_products() before any call.
+std::atomic<bool> own_products_chosen{false};
+
 // Runs body(block, buffer, mi) for each row block mi of `rows` on the intra-op threads, each thread with a RowBlock
 // (`K4`) and a buffer of `floats` of its own, made once: a block goes to whichever thread comes free first, so that a
 // thread slowed by other work on its core takes fewer blocks instead of keeping the others waiting at the end. A
@@ -387,8 +449,16 @@ void int8_tile(const Int8Layer& layer, int64_t ni, RowBlock& block, int64_t rows
     }
   }
   int32_t* C = block.tile.as<int32_t>();
-  at::native::cpublas::brgemm(rows, kInt8Cols, layer.K4, layer.K4, kInt8Cols, kInt8Cols, false,
-                              block.panel.as<uint8_t>(), layer.blocks + ni * layer.K4 * kInt8Cols, C, true);
+  const int8_t* B = layer.blocks + ni * layer.K4 * kInt8Cols;
+#if XENC_OWN_VNNI
+  if (own_products_chosen.load(std::memory_order_relaxed)) {
+    own_products(rows, layer.K4, block.panel.as<uint8_t>(), B, C);
+  } else
+#endif
+  {
+    at::native::cpublas::brgemm(rows, kInt8Cols, layer.K4, layer.K4, kInt8Cols, kInt8Cols, false,
+                                block.panel.as<uint8_t>(), B, C, true);
+  }
   T* first = out + (layer.gated ? n0 / 2 : n0);
   for (int64_t r = 0; r < rows; ++r) {
     finish_row(C + r * kInt8Cols, block.zero_points[r], layer.correction + n0, block.scales[r],
@@ -549,6 +619,11 @@ at::Tensor mlp_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Ten
     default:
       TORCH_CHECK(false, "mlp_int8 takes float32, bfloat16 or float16 x, got ", x.scalar_type());
   }
+}
+
+bool int8_own_products(bool on) {
+  own_products_chosen.store(on && XENC_OWN_VNNI, std::memory_order_relaxed);
+  return XENC_OWN_VNNI;
 }
 
 }  // namespace xenc_lab

@@ -13,6 +13,13 @@ namespace {
 bool gemm_f32_built() { return XENC_GEMM_F32; }
 bool half_gemm_built() { return XENC_HALF_GEMM; }
 bool int8_gemm_built() { return XENC_GEMM_INT8; }
+bool own_int8_products(bool on) {
+#if XENC_GEMM_INT8
+  return int8_own_products(on);
+#else
+  return on && false;
+#endif
+}
 bool paired_bf16_built() { return kPairedKeys<BFloat16>; }
 bool tiles_built() { return XENC_TILES; }
 
@@ -37,6 +44,7 @@ TORCH_LIBRARY(xenc_lab, m) {
   m.def("gemm_f32_built() -> bool", &xenc_lab::gemm_f32_built);
   m.def("half_gemm_built() -> bool", &xenc_lab::half_gemm_built);
   m.def("int8_gemm_built() -> bool", &xenc_lab::int8_gemm_built);
+  m.def("int8_own_products(bool on) -> bool", &xenc_lab::own_int8_products);
   m.def(
       "linear_int8(Tensor x, Tensor blocks, Tensor correction, Tensor weight_scale, Tensor bias, int out_features, "
       "str activation, Tensor? residual, int rotation=0, Tensor? norm_weight=None, Tensor? norm_bias=None, "

@@ -57,6 +57,9 @@ at::Tensor mlp_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Ten
                     int64_t out_features, const std::optional<at::Tensor>& residual, int64_t rotation2,
                     const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
                     double norm_eps);
+// Chooses the int8 products: our own on 256-bit registers (on) or ATen's brgemm (off, the default); returns whether
+// this build has our own (AVX-VNNI, or AVX512-VNNI with 256-bit registers).
+bool int8_own_products(bool on);
 #endif
 
 #if XENC_HALF_GEMM
