@@ -25,15 +25,19 @@ def _layer(n: int, k: int, seed: int = 0) -> nn.Linear:
 def test_the_kernel_runs_where_the_cpu_has_int8_dot_products():
     """The self-check falls back to the torch route on a wrong result: on a CPU with AVX512-VNNI or AMX-INT8 (what
     ATen's int8 brgemm asks of oneDNN) or AVX-VNNI (the kernel's own products), and a build with the brgemm, that
-    fallback would hide a broken kernel, so it fails here."""
+    fallback would hide a broken kernel, so it fails here; so would the own products hiding a broken brgemm call
+    where ATen runs it."""
     from xenc_lab.cpu.info import cpu_info
+    from xenc_lab.cpu.int8 import int8_products
     from xenc_lab.cpu.native import available
 
-    if not {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_info().flags:
+    flags = cpu_info().flags
+    if not {"avx512_vnni", "avx_vnni", "amx_int8"} & flags:
         pytest.skip("no int8 dot-product units on this CPU")
     if not available() or not torch.ops.xenc_lab.int8_gemm_built():
         pytest.skip("this build has no int8 brgemm")
     assert int8_kernel_available()
+    assert int8_products() == ("brgemm" if {"avx512_vnni", "amx_int8"} & flags else "own")
 
 
 def test_weights_are_symmetric_per_output_channel_and_activations_keep_zero_exact():
