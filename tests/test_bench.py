@@ -364,6 +364,16 @@ def test_bench_takes_one_workload_given_alone(tiny_dir):
         assert {r.workload for r in rows} == {name} and len(rows) == 2
 
 
+def test_an_int8_row_says_what_multiplied_its_codes(tiny_dir):
+    from xenc_lab.cpu.int8 import int8_products, int8_route
+
+    rows = bench.run(tiny_dir, workloads="short", dtypes="float32", n_pairs=8, repeats=1, int8=True,
+                     log=lambda line: None)
+    int8 = [r for r in rows if r.engine == "xenc_lab int8"]
+    assert len(int8) == 1 and not any(r.int8_route for r in rows if r.engine != "xenc_lab int8")
+    assert int8[0].int8_route == ("torch" if int8_route() == "torch" else f"kernel, {int8_products()}")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA GPU is visible")
 def test_cli_bench_on_cuda_without_a_gpu_says_so(capsys):
     with pytest.raises(SystemExit):
@@ -504,6 +514,10 @@ def test_the_report_checks_int8_against_xenc_labs_bf16_and_amxs_bf16_against_sen
     text = bench.write_report(rows, tmp_path, "xenc-lab bench --int8").read_text()
     assert "- short: int8 >= 1.6x xenc_lab's bf16 pairs/s: 1.65x — met" in text
     assert "- short: bf16 >= 1.5x sentence-transformers' bf16 (AMX): 1.25x — **missed**" in text
+    assert "int8 ran on" not in text  # rows that do not say what ran say nothing
+    rows[2].int8_route = "kernel, own"
+    text = bench.write_report(rows, tmp_path, "xenc-lab bench --int8").read_text()
+    assert "int8 ran on: xenc_lab's int8 kernel, its products its own (256-bit VNNI" in text
     assert bench.goals([r for r in rows if r.engine != "xenc_lab int8"], frozenset()) == []
 
 

@@ -26,6 +26,13 @@ TABLE_COLUMNS = ("workload", "dtype", "engine", "pairs", "mean tokens", "pairs/s
 GOALS = {"int8_over_bf16": 1.6, "amx_bf16_ratio": 1.5}
 
 
+_INT8_ROUTES = {
+    "kernel, brgemm": "xenc_lab's int8 kernel, its products on ATen's brgemm (oneDNN: AVX512-VNNI or AMX-INT8)",
+    "kernel, own": "xenc_lab's int8 kernel, its products its own (256-bit VNNI; ATen's brgemm refused this CPU)",
+    "torch": "torch's ops (the torch route: xenc_lab's int8 kernel does not run here), slower than float32",
+}
+
+
 def goals(rows: list[BenchRow], flags: frozenset[str] | None = None) -> list[tuple[str, str, bool]]:
     """(goal, measured, met) for the rows' workloads: int8 over xenc_lab's bf16 where both ran in bf16 (the pairs/s
     of one run, alternating), and xenc_lab's bf16 over sentence-transformers' where the CPU has AMX."""
@@ -224,6 +231,9 @@ def write_report(rows: list[BenchRow], out_dir: Path, command: str, notes: str =
     lines += [""] * bool(facts.compiled) + [
         f"compile=True, {dtype}: {graphs} graph(s) compiled in {seconds:.0f} s for {shapes} distinct batch shapes "
         "(first calls, outside the timed runs)." for dtype, (graphs, seconds, shapes) in facts.compiled.items()]
+    routes = sorted({r.int8_route for r in rows if r.int8_route})
+    if routes:
+        lines += ["", "int8 ran on: " + "; ".join(_INT8_ROUTES.get(route, route) for route in routes) + "."]
     met = goals(rows) if torch.device(rows[0].device).type == "cpu" else []
     if met:
         lines += ["", "Goals (the issues') against what was measured:", ""]

@@ -17,6 +17,7 @@ import torch
 from ..config import DTYPES, resolve_device, whole_number
 from ..attention_paths import attention_rates
 from ..cpu.info import native_half_units
+from ..cpu.int8 import int8_products, int8_route
 from ..st_args import split_pairs
 from .flops import attention_heads, gemm_rate, model_gflop
 from .workloads import WORKLOADS, make_pairs
@@ -52,6 +53,7 @@ class BenchRow:
     # sentence-transformers' own at that dtype, by the mean and by the max of the abs deltas (0: not applicable)
     error_ratio: float = 0.0
     max_error_ratio: float = 0.0
+    int8_route: str = ""  # "xenc_lab int8" rows: what multiplied its codes ("kernel, brgemm", "kernel, own", "torch")
 
 
 
@@ -234,6 +236,8 @@ def run(
                     row.kernel_attention_gflops = attention.get("kernel", 0.0)
                     row.sdpa_attention_gflops = attention["sdpa"]
                     row.tiles_attention_gflops = attention.get("tiles", 0.0)
+                if name == "xenc_lab int8":
+                    row.int8_route = int8_route() + (f", {int8_products()}" if int8_route() == "kernel" else "")
                 if name in ours and ours[name].config.compile:
                     runner = ours[name].runner
                     row.compiled_graphs, row.batch_shapes, row.compile_seconds = runner.graphs, len(runner.shapes), runner.compile_seconds
