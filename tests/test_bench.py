@@ -538,7 +538,7 @@ def test_one_command_runs_a_cpus_benchmarks_into_its_reports_folder(tmp_path, ca
     commands = M.step_commands(tmp_path, bf16=False)
     assert list(commands) == ["encoders", "decoder", "peers"]
     assert commands["encoders"][2:] == ["xenc_lab.cli", "bench", "--int8", "--pairs", "256", "--repeats", "3",
-                                        "--report", str(tmp_path)]
+                                        "--compile", "--memory", "--report", str(tmp_path)]
     decoder = commands["decoder"]
     assert decoder[decoder.index("--dtypes") + 1] == "float32" and "--int8" in decoder
     assert commands["peers"][-2:] == ["--report", str(tmp_path / "peers.md")]

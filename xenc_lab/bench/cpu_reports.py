@@ -3,7 +3,8 @@
 Each step runs in a process of its own and writes into reports/<machine>/, the folder named from the CPU
 (``machine_slug``: e.g. reports/intel-xeon-amx/):
 
-- ``encoders``: the encoder benchmark with int8 (throughput.md, with the issues' goals for this CPU);
+- ``encoders``: the encoder benchmark (``tox -e bench``'s: eager and compiled, memory) with int8 (throughput.md,
+  with the issues' goals for this CPU);
 - ``decoder``: the decoder benchmark at Qwen3-Reranker-0.6B's shape, 1 x 100, with int8 (its section of the same
   file);
 - ``peers``: every CPU peer on the same held-out pairs (peers.md).
@@ -35,7 +36,7 @@ def step_commands(out: Path, steps: tuple[str, ...] = STEPS, bf16: bool | None =
     bf16 = cpu_has_fast_bf16() if bf16 is None else bf16
     cli = [sys.executable, "-m", "xenc_lab.cli", "bench"]
     commands = {
-        "encoders": cli + ["--int8", "--pairs", "256", "--repeats", "3", "--report", str(out)],
+        "encoders": cli + ["--int8", "--pairs", "256", "--repeats", "3", "--compile", "--memory", "--report", str(out)],
         "decoder": cli + ["--decoder", "qwen3-0.6b", "--int8", "--dtypes", "bfloat16" if bf16 else "float32",
                           "--pairs", "100", "--repeats", "2", "--report", str(out)],
         "peers": [sys.executable, "-m", "xenc_lab.bench.peers", "--report", str(out / "peers.md")],

@@ -17,7 +17,7 @@ import torch
 from ..config import DTYPES, resolve_device, whole_number
 from ..attention_paths import attention_rates
 from ..cpu.info import native_half_units
-from ..cpu.int8 import int8_products, int8_route
+from ..cpu.int8 import int8_products
 from ..st_args import split_pairs
 from .flops import attention_heads, gemm_rate, model_gflop
 from .workloads import WORKLOADS, make_pairs
@@ -237,7 +237,8 @@ def run(
                     row.sdpa_attention_gflops = attention["sdpa"]
                     row.tiles_attention_gflops = attention.get("tiles", 0.0)
                 if name == "xenc_lab int8":
-                    row.int8_route = int8_route() + (f", {int8_products()}" if int8_route() == "kernel" else "")
+                    products = int8_products()  # None where the kernel does not run
+                    row.int8_route = f"kernel, {products}" if products else "torch"
                 if name in ours and ours[name].config.compile:
                     runner = ours[name].runner
                     row.compiled_graphs, row.batch_shapes, row.compile_seconds = runner.graphs, len(runner.shapes), runner.compile_seconds
